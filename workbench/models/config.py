@@ -1,0 +1,145 @@
+"""Model configuration parsed from an HF ``config.json`` (Llama, Qwen2, Qwen3 families)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The subset of an HF decoder config the runtime needs."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    torch_dtype: str = "float32"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        archs = d.get("architectures") or []
+        family = None
+        for a in archs:
+            if a in SUPPORTED_ARCHITECTURES:
+                family = SUPPORTED_ARCHITECTURES[a]
+        if family is None:
+            mt = d.get("model_type")
+            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(
+                str(mt)
+            )
+        if family is None:
+            raise ConfigError(
+                f"config.architectures: unknown architecture {archs or d.get('model_type')!r}; "
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads"):
+            if not isinstance(d.get(key), int) or d[key] <= 0:
+                raise ConfigError(f"config.{key}: expected a positive integer, got {d.get(key)!r}")
+        heads = d["num_attention_heads"]
+        kv = d.get("num_key_value_heads") or heads
+        if heads % kv:
+            raise ConfigError(
+                f"config.num_key_value_heads: {kv} does not divide num_attention_heads {heads}"
+            )
+        head_dim = d.get("head_dim") or d["hidden_size"] // heads
+        eos = d.get("eos_token_id")
+        eos_list = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        rope_scaling = d.get("rope_scaling")
+        rope_theta = d.get("rope_theta")
+        rp = d.get("rope_parameters")
+        if isinstance(rp, dict):  # transformers >= 5 stores rope settings here
+            rope_theta = rp.get("rope_theta", rope_theta)
+            if rp.get("rope_type", "default") != "default":
+                rope_scaling = rp
+        if rope_scaling is not None:
+            kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+            if kind not in ("default", "linear", "llama3"):
+                raise ConfigError(f"config.rope_scaling: unsupported rope_type {kind!r}")
+        return cls(
+            family=family,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", family == "qwen2")),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=family == "qwen3",
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos_list,
+            torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+        )
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> ModelConfig:
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise ConfigError(f"model path {str(path)!r}: no config.json found")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}[self.family]
+        d: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
+            "hidden_act": "silu",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else
+            self.eos_token_id,
+            "torch_dtype": self.torch_dtype,
+        }
+        return d
+
+    def aux_layer_ids(self) -> tuple[int, int, int]:
+        """EAGLE-3 default taps: hidden states entering layers (2, L//2, L-3)."""
+        n = self.num_hidden_layers
+        return (min(2, n - 1), n // 2, max(n - 3, 0))

@@ -1,0 +1,225 @@
+"""EAGLE-3 draft head (one decoder layer over fused low/mid/high target features).
+
+Data flow at one draft position p (DESIGN.md §1)::
+
+    h   = fc(cat(taps_low, taps_mid, taps_high))   at step 0   (3·Dt → D)
+        = the draft's own pre-norm output           at later steps
+    x   = cat(input_layernorm(embed(token)), hidden_norm(h))   (2D)
+    h'  = h + o_proj(attn(q/k/v_proj(x)))                      (attention input width 2D)
+    out = h' + mlp(post_attention_layernorm(h'))               (pre-norm hidden, fed back)
+    logits_draft = lm_head(norm(out))                          (Vd)   → target id = i + d2t[i]
+
+Position p pairs the target feature at p with the token at p+1 and predicts the token at p+2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.errors import CheckpointError, ConfigError
+from workbench.models.config import ModelConfig
+from workbench.models.llama import MLP, AttentionBackend, RMSNorm, Rotary, apply_rope
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # target vocab V
+    draft_vocab_size: int  # Vd
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    aux_layer_ids: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
+        archs = d.get("architectures") or []
+        if not any("Eagle3" in a or "Eagle" in a for a in archs):
+            raise ConfigError(f"draft config.architectures: {archs!r} is not an EAGLE-3 head "
+                              "(expected LlamaForCausalLMEagle3)")
+        if d.get("num_hidden_layers", 1) != 1:
+            raise ConfigError("draft config.num_hidden_layers: EAGLE-3 heads have exactly 1 layer,"
+                              f" got {d.get('num_hidden_layers')}")
+        heads = d["num_attention_heads"]
+        eagle = d.get("eagle_config") or {}
+        aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+        return cls(
+            hidden_size=d["hidden_size"],
+            target_hidden_size=d.get("target_hidden_size") or d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            vocab_size=d["vocab_size"],
+            draft_vocab_size=d.get("draft_vocab_size") or d["vocab_size"],
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_scaling=d.get("rope_scaling"),
+            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+            aux_layer_ids=tuple(aux) if aux else None,
+        )
+
+    @classmethod
+    def from_folder(cls, path: str | Path) -> Eagle3Config:
+        p = Path(path) / "config.json"
+        if not p.is_file():
+            raise ConfigError(f"draft path {str(path)!r}: no config.json found")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "target_hidden_size": self.target_hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": 1,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+        }
+        if self.aux_layer_ids is not None:
+            d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
+        return d
+
+    def as_model_config(self) -> ModelConfig:
+        """Rotary/attention settings in the target's config type (for shared helpers)."""
+        return ModelConfig(
+            family="llama", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=1,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+            rope_scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+
+    def check_target(self, target: ModelConfig) -> tuple[int, ...]:
+        """Refuse a draft made for another target; return the tapped layer ids."""
+        if self.target_hidden_size != target.hidden_size:
+            raise ConfigError(
+                f"draft target_hidden_size {self.target_hidden_size} != target hidden_size "
+                f"{target.hidden_size}: this head was trained for another target")
+        if self.vocab_size != target.vocab_size:
+            raise ConfigError(f"draft vocab_size {self.vocab_size} != target vocab_size "
+                              f"{target.vocab_size}: this head was trained for another target")
+        layers = self.aux_layer_ids or target.aux_layer_ids()
+        if len(layers) != 3 or any(not 0 <= i < target.num_hidden_layers for i in layers):
+            raise ConfigError(f"draft eagle_aux_hidden_state_layer_ids {list(layers)}: need three "
+                              f"layer ids in [0, {target.num_hidden_layers})")
+        return tuple(layers)
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.h, self.kv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        d2 = 2 * cfg.hidden_size
+        self.q_proj = nn.Linear(d2, self.h * self.hd, bias=False)
+        self.k_proj = nn.Linear(d2, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(d2, self.kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.h * self.hd, cfg.hidden_size, bias=False)
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, bias=False)
+
+
+class Eagle3Draft(nn.Module):
+    """The head. ``embed`` is the target's embedding unless the checkpoint ships its own."""
+
+    def __init__(self, cfg: Eagle3Config, embed: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.rotary = Rotary(cfg.as_model_config())
+        self.embed: nn.Embedding | None = embed
+
+    def set_embedding(self, embed: nn.Embedding) -> None:
+        if embed.weight.shape[1] != self.config.hidden_size:
+            raise CheckpointError(
+                f"embed_tokens.weight: draft width {self.config.hidden_size} differs from the "
+                f"target embedding {tuple(embed.weight.shape)} and the checkpoint has none")
+        self.embed = embed
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def fuse_features(self, aux: torch.Tensor) -> torch.Tensor:
+        """aux: (..., 3·Dt) target taps → (..., D)."""
+        return self.fc(aux)
+
+    def _qkv(self, tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        assert self.embed is not None, "draft embedding not set"
+        lay = self.midlayer
+        x = torch.cat([lay.input_layernorm(self.embed(tokens)), lay.hidden_norm(h)], dim=-1)
+        a = lay.self_attn
+        q = a.q_proj(x).unflatten(-1, (a.h, a.hd))
+        k = a.k_proj(x).unflatten(-1, (a.kv, a.hd))
+        v = a.v_proj(x).unflatten(-1, (a.kv, a.hd))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _finish(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        lay = self.midlayer
+        h = h + lay.self_attn.o_proj(o.flatten(-2))
+        return h + lay.mlp(lay.post_attention_layernorm(h))
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attn: AttentionBackend, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ragged engine path. tokens (T,), hidden (T, D) (already fused), positions (T,) →
+        (draft logits (T, Vd) float32, pre-norm hidden (T, D))."""
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        q, k, v = self._qkv(tokens, hidden, cos, sin)
+        out = self._finish(hidden, attn.run(layer, q, k, v))
+        return self.lm_head(self.norm(out)).float(), out
+
+    def forward_dense(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                      mask: torch.Tensor, k_prev: torch.Tensor | None = None,
+                      v_prev: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Training path. tokens (B, T), hidden (B, T, D), positions (T,), mask (T, Tk) bool over
+        cat(k_prev, k_new) along time. Returns logits (B, T, Vd), out (B, T, D), k, v (B, T,
+        Hkv, hd) of the new positions (for the next unrolled step's context)."""
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        q, k, v = self._qkv(tokens, hidden, cos, sin)
+        kk = k if k_prev is None else torch.cat([k_prev, k], dim=1)
+        vv = v if v_prev is None else torch.cat([v_prev, v], dim=1)
+        a = self.midlayer.self_attn
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), attn_mask=mask,
+            enable_gqa=a.h != a.kv).transpose(1, 2)
+        out = self._finish(hidden, o)
+        return self.lm_head(self.norm(out)), out, k, v

@@ -1,0 +1,143 @@
+"""Load HF target folders (single or sharded safetensors) and EAGLE-3 draft checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from workbench.errors import CheckpointError, ConfigError
+from workbench.models.config import ModelConfig
+from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
+from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "float64": torch.float64}
+
+
+def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"dtype: {name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A local folder, or a hub id resolved through the local HF cache (download if online)."""
+    p = Path(path)
+    if p.is_dir():
+        return p
+    s = str(path)
+    if s.count("/") == 1 and not s.startswith((".", "/")):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors",
+                                                             "tokenizer*"]))
+        except LocalEntryNotFoundError as e:
+            raise ConfigError(f"model {s!r}: not a local folder and not in the HF cache, and the "
+                              f"hub cannot be reached (offline?): {e}") from e
+    raise ConfigError(f"model path {s!r}: folder does not exist")
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards listed in its index."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        fp = folder / f
+        if not fp.is_file():
+            raise CheckpointError(f"{folder}: shard {f!r} listed in the index is missing")
+        with safe_open(str(fp), framework="pt") as sf:
+            for k in sf.keys():
+                out[k] = sf.get_tensor(k)
+    return out
+
+
+def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+               optional: tuple[str, ...] = (), ignore_prefixes: tuple[str, ...] = ()) -> None:
+    """Copy tensors into ``module``; missing or mis-shaped tensors raise naming both shapes."""
+    expected = dict(module.state_dict())
+    for name, param in expected.items():
+        if name not in tensors:
+            if name in optional:
+                continue
+            raise CheckpointError(f"missing tensor {name!r} (expected shape {tuple(param.shape)})")
+        t = tensors[name]
+        if tuple(t.shape) != tuple(param.shape):
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(t.shape)}, expected "
+                                  f"{tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(t.to(param.dtype if not param.is_floating_point() else dtype))
+    unknown = [k for k in tensors if k not in expected and not k.startswith(ignore_prefixes)]
+    if unknown:
+        raise CheckpointError(f"unexpected tensors {unknown[:5]} (architecture mismatch?)")
+
+
+def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
+                device: str = "cpu") -> tuple[LlamaForCausalLM, ModelConfig, Path]:
+    folder = resolve_path(path)
+    cfg = ModelConfig.from_folder(folder)
+    dt = resolve_dtype(dtype)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=device).to(dt)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    tensors = read_safetensors(folder)
+    optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
+    load_state(model, tensors, dt, optional=optional,
+               ignore_prefixes=("model.rotary_emb",))
+    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in the file
+    model.eval().requires_grad_(False)
+    return model, cfg, folder
+
+
+def load_eagle3(path: str | Path, target: LlamaForCausalLM, dtype: str | torch.dtype = "float32",
+                device: str = "cpu") -> tuple[Eagle3Draft, tuple[int, ...]]:
+    """Load a LlamaForCausalLMEagle3 checkpoint; refuse one made for another target."""
+    folder = resolve_path(path)
+    cfg = Eagle3Config.from_folder(folder)
+    layers = cfg.check_target(target.config)
+    dt = resolve_dtype(dtype)
+    draft = Eagle3Draft(cfg).to(device=device, dtype=dt)
+    tensors = read_safetensors(folder)
+    own_embed = tensors.pop("embed_tokens.weight", None)
+    load_state(draft, tensors, dt, ignore_prefixes=("rotary",))
+    if own_embed is not None:
+        emb = nn.Embedding(*own_embed.shape).to(device=device, dtype=dt)
+        with torch.no_grad():
+            emb.weight.copy_(own_embed.to(dt))
+        draft.set_embedding(emb)
+    else:
+        draft.set_embedding(target.model.embed_tokens)
+    if int(draft.t2d.sum()) != cfg.draft_vocab_size:
+        raise CheckpointError(f"t2d marks {int(draft.t2d.sum())} target ids, expected "
+                              f"draft_vocab_size {cfg.draft_vocab_size}")
+    mapped = torch.arange(cfg.draft_vocab_size, device=device) + draft.d2t
+    if int(mapped.min()) < 0 or int(mapped.max()) >= cfg.vocab_size:
+        raise CheckpointError("d2t maps draft ids outside the target vocab")
+    draft.eval().requires_grad_(False)
+    return draft, layers
+
+
+def save_eagle3(draft: Eagle3Draft, folder: str | Path) -> None:
+    """Write the standard EAGLE-3 checkpoint (config.json + model.safetensors, DESIGN.md §6)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(draft.config.to_hf_dict(), indent=2) + "\n")
+    state = {k: v.detach().contiguous().clone() for k, v in draft.state_dict().items()
+             if not k.startswith(("embed.", "rotary."))}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
