@@ -1,0 +1,289 @@
+"""Typed trace events: frozen, slotted dataclasses with JSON-friendly fields.
+
+Every event carries ``t`` (``time.perf_counter()`` seconds; stamped at construction unless given)
+and only ints, floats, strings, bools and (nested) lists of them — never tensors: the engine
+converts with ``.tolist()`` and builds an event only behind ``if tracer.enabled:``.
+
+Equality and hashing are value-based and JSON-faithful: lists and tuples compare equal element-wise
+and NaN equals NaN, so ``event_from_dict(json.loads(json.dumps(event_to_dict(ev)))) == ev`` holds
+for every event. In the dict form non-finite floats are the strings ``"nan"``, ``"inf"`` and
+``"-inf"`` (plain JSON, ``allow_nan=False`` safe); ``event_from_dict`` turns them back into floats
+only in fields annotated as float, so a ``str`` field holding ``"nan"`` stays a string.
+
+Vocabulary (DESIGN.md §1): a *step* is one engine step; node 0 of a tree is the root (the last
+verified token); τ (``accept_length``) counts the bonus token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
+
+InitStatus = Literal["ok", "failed", "fallback"]
+StepMode = Literal["plain", "spec"]
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+_NAN_KEY = ("<nan>",)  # stands in for NaN in equality/hash keys (NaN != NaN otherwise)
+
+
+def _canon(x: Any) -> Any:
+    """Hashable canonical form: sequences → tuples, NaN → a sentinel."""
+    if isinstance(x, (list, tuple)):
+        return tuple(_canon(v) for v in x)
+    if isinstance(x, float) and x != x:
+        return _NAN_KEY
+    return x
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Event:
+    """Base of every trace event. ``t`` is keyword-only so subclasses list their fields first."""
+
+    t: float = field(default_factory=time.perf_counter, kw_only=True)
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(_canon(getattr(self, f.name)) for f in fields(self))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class InitStage(Event):
+    """One engine init stage finished (DESIGN.md §5)."""
+
+    stage: str
+    status: InitStatus
+    seconds: float
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestAdmitted(Event):
+    """A request entered the scheduler's waiting queue."""
+
+    rid: int
+    prompt_len: int
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Prefill(Event):
+    """One prefill (or one chunk of a chunked prefill) over ``num_tokens`` tokens."""
+
+    rids: list[int]
+    num_tokens: int
+    chunked: bool
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DraftStep(Event):
+    """One draft forward at tree depth ``depth``; per request ``rids[i]``, its frontier candidates.
+
+    ``tokens[i][j]`` (target ids), ``probs[i][j]`` (draft probability) and ``parents[i][j]`` (index
+    of the candidate's parent node) describe candidate ``j`` of request ``rids[i]``.
+    """
+
+    step: int
+    rids: list[int]
+    depth: int
+    tokens: list[list[int]]
+    probs: list[list[float]]
+    parents: list[list[int]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TreeBuilt(Event):
+    """The draft tree of one request, N nodes, node 0 = root, parents before children.
+
+    ``scores`` is the cumulative draft log-prob (root 0.0); ``parents[0]`` is -1.
+    """
+
+    step: int
+    rid: int
+    tokens: list[int]
+    parents: list[int]
+    depth: list[int]
+    scores: list[float]
+    draft_probs: list[float]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Verified(Event):
+    """Verification result of one request's tree.
+
+    ``target_tokens[n]``: the target's argmax/sample given node ``n`` as the last context token.
+    ``target_probs[n]``: target probability of node ``n``'s token given its parent (root: 1.0).
+    ``accepted_path``: node indices from the root (starts with 0). ``accepted_tokens``: tokens
+    emitted this step, i.e. the accepted draft tokens then the bonus token, so
+    ``accept_length == len(accepted_tokens)`` (τ of the step, bonus included).
+    """
+
+    step: int
+    rid: int
+    target_tokens: list[int]
+    target_probs: list[float]
+    accepted_path: list[int]
+    accepted_tokens: list[int]
+    accept_length: int
+    bonus_token: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PolicyDecision(Event):
+    """What the speculation policy chose for this step, and why.
+
+    ``predicted_ms``: the policy's cost-model estimate; ``measured_ms``: nan until known.
+    """
+
+    step: int
+    batch_size: int
+    decode_batch: int
+    speculate: bool
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    reason: str
+    predicted_ms: float = math.nan
+    measured_ms: float = math.nan
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepTiming(Event):
+    """Wall time of each phase of one step, in milliseconds (DESIGN.md §4 order)."""
+
+    step: int
+    batch_size: int
+    mode: StepMode
+    schedule_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    accept_ms: float = 0.0
+    commit_ms: float = 0.0
+    extend_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class KVUsage(Event):
+    """KV pool occupancy after a step."""
+
+    step: int
+    used_blocks: int
+    total_blocks: int
+    used_tokens: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RequestFinished(Event):
+    """A request left the engine; ``accept_lengths`` holds τ of each of its ``verify_ct`` steps."""
+
+    rid: int
+    reason: FinishReason
+    prompt_len: int
+    output_len: int
+    verify_ct: int
+    accept_lengths: list[int]
+    ttft_s: float
+    e2e_s: float
+    error: str = ""
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        InitStage,
+        RequestAdmitted,
+        Prefill,
+        DraftStep,
+        TreeBuilt,
+        Verified,
+        PolicyDecision,
+        StepTiming,
+        KVUsage,
+        RequestFinished,
+    )
+}
+
+# ---- dict / JSON form -------------------------------------------------------------------------
+
+_NONFINITE_OUT = {math.inf: "inf", -math.inf: "-inf"}
+_NONFINITE_IN = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _encode(x: Any) -> Any:
+    """Sequences → lists, non-finite floats → strings; everything else unchanged."""
+    if isinstance(x, float):
+        if x != x:
+            return "nan"
+        return _NONFINITE_OUT.get(x, x)
+    if isinstance(x, (list, tuple)):
+        return [_encode(v) for v in x]
+    return x
+
+
+def _decode_floats(x: Any) -> Any:
+    """Inverse of ``_encode`` for a float-typed field (possibly nested in lists)."""
+    if isinstance(x, str):
+        try:
+            return _NONFINITE_IN[x]
+        except KeyError:
+            raise ValueError(f"expected a float or 'nan'/'inf'/'-inf', got {x!r}") from None
+    if isinstance(x, list):
+        return [_decode_floats(v) for v in x]
+    return x
+
+
+def _mentions_float(tp: Any) -> bool:
+    return tp is float or any(_mentions_float(a) for a in typing.get_args(tp))
+
+
+def _float_fields(cls: type[Event]) -> frozenset[str]:
+    hints = typing.get_type_hints(cls)
+    return frozenset(f.name for f in fields(cls) if _mentions_float(hints[f.name]))
+
+
+_FLOAT_FIELDS: dict[type[Event], frozenset[str]] = {
+    c: _float_fields(c) for c in EVENT_TYPES.values()
+}
+
+
+def event_to_dict(ev: Event) -> dict[str, Any]:
+    """``{"type": <class name>, <field>: <value>, ...}``; JSON-safe with ``allow_nan=False``."""
+    d: dict[str, Any] = {"type": type(ev).__name__}
+    for f in fields(ev):
+        d[f.name] = _encode(getattr(ev, f.name))
+    return d
+
+
+def event_from_dict(d: dict[str, Any]) -> Event:
+    """Rebuild an event from ``event_to_dict`` output; raises ValueError naming what is wrong."""
+    d = dict(d)
+    name = d.pop("type", None)
+    cls = EVENT_TYPES.get(name)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"event type {name!r} unknown; known: {sorted(EVENT_TYPES)}")
+    names = {f.name for f in fields(cls)}
+    # a field with a default may be absent (traces written before it existed); ``t`` may not
+    required = {f.name for f in fields(cls) if f.default is MISSING and f.name != "t"} | {"t"}
+    unknown, missing = set(d) - names, required - set(d)
+    if unknown or missing:
+        raise ValueError(
+            f"{name}: unknown fields {sorted(unknown)}, missing fields {sorted(missing)}"
+        )
+    for k in _FLOAT_FIELDS[cls]:
+        try:
+            d[k] = _decode_floats(d[k])
+        except ValueError as e:
+            raise ValueError(f"{name}.{k}: {e}") from None
+    return cls(**d)
