@@ -1,0 +1,53 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+EXTRAS := dev,notebooks,kernels,serve
+
+.PHONY: demo test lint lab report venv clean-venv bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# On a CPU-only machine install the local CPU build of torch first (pip takes it from disk);
+# otherwise a dependency would pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+ifeq ($(HAS_GPU),1)
+	$(BIN)/pip install -q -e ".[$(EXTRAS),gpu]"
+else
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+endif
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m workbench demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check workbench tests scripts
+
+test: $(STAMP)
+	$(BIN)/ruff check workbench tests scripts
+	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \
+		--durations=15 tests
+	$(MAKE) test-notebooks
+
+test-notebooks: $(STAMP)
+	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
+		WORKBENCH_FAST=1 $(BIN)/python -m pytest -q --nbval-lax --nbval-current-env \
+			--nbval-cell-timeout=600 notebooks/; \
+	else echo "no notebooks yet"; fi
+
+bench: $(STAMP)
+	$(BIN)/python -m workbench bench spec
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,182 @@
+"""CLI: generate | bench | serve | train-target | train-draft | make-prompts | demo.
+
+Options of the training commands are generated from their config dataclasses, so the CLI can
+never drift from the Python API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_TARGET = "data/models/wb-target"
+DEFAULT_DRAFT = "data/models/wb-eagle3"
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, cls: Any) -> None:
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if f.type in ("bool", bool) or isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        else:
+            typ = type(default) if default is not None else str
+            p.add_argument(flag, type=typ, default=default)
+
+
+def from_args(cls: Any, ns: argparse.Namespace) -> Any:
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    import workbench as wb
+
+    cfg = wb.EngineConfig(device=ns.device, dtype=ns.dtype)
+    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=cfg)
+    spec = None
+    if ns.draft:
+        spec = wb.SpecConfig(num_steps=ns.num_steps, topk=ns.topk,
+                             num_draft_tokens=ns.num_draft_tokens)
+    sp = wb.SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
+                           top_p=ns.top_p, top_k=ns.top_k, seed=ns.seed)
+    sys.stdout.write(ns.prompt)
+    for delta in engine.stream(ns.prompt, sp, spec=spec):
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    engine.close()
+    return 0
+
+
+def cmd_train_target(ns: argparse.Namespace) -> int:
+    from workbench.train.target import TargetTrainConfig, train_target
+
+    summary = train_target(from_args(TargetTrainConfig, ns))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("history", "heldout_files")},
+                     indent=2))
+    return 0
+
+
+def cmd_train_draft(ns: argparse.Namespace) -> int:
+    from workbench.train.eagle3 import DraftTrainConfig, train_draft
+
+    summary = train_draft(from_args(DraftTrainConfig, ns))
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2,
+                     default=str))
+    return 0
+
+
+def cmd_make_prompts(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from workbench.bench.workloads import PROMPTS_DIR, make_prompts, save_prompts
+    from workbench.train.corpus import split_corpus
+
+    split = split_corpus(ns.corpus or None)
+    held = [f.relative_to(split.root).as_posix() for f in split.heldout]
+    prompts = make_prompts(split.root, held)
+    path = Path(ns.out) if ns.out else PROMPTS_DIR / "heldout.jsonl"
+    save_prompts(prompts, path)
+    print(f"wrote {len(prompts)} prompts to {path}")
+    return 0
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from workbench.bench import cli
+
+    return cli.run(ns)
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from workbench.bench import demo
+
+    return demo.run(ns)
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from workbench.serve import server
+
+    return server.main(ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="stream a completion")
+    g.add_argument("--model", default=DEFAULT_TARGET)
+    g.add_argument("--draft", default=None)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--num-steps", type=int, default=5)
+    g.add_argument("--topk", type=int, default=4)
+    g.add_argument("--num-draft-tokens", type=int, default=16)
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default="float32")
+    g.set_defaults(fn=cmd_generate)
+
+    from workbench.train.target import TargetTrainConfig
+
+    t = sub.add_parser("train-target", help="train the shipped target (resumable)")
+    add_dataclass_args(t, TargetTrainConfig)
+    t.set_defaults(fn=cmd_train_target)
+
+    d = sub.add_parser("train-draft", help="train an EAGLE-3 head for a target (resumable)")
+    try:
+        from workbench.train.eagle3 import DraftTrainConfig
+    except ImportError as e:  # optional until the trainer lands; say so instead of hiding it
+        d.set_defaults(fn=lambda ns: sys.exit(f"train-draft unavailable: {e}"))
+    else:
+        add_dataclass_args(d, DraftTrainConfig)
+        d.set_defaults(fn=cmd_train_draft)
+
+    mp = sub.add_parser("make-prompts", help="write data/prompts/heldout.jsonl")
+    mp.add_argument("--corpus", default="")
+    mp.add_argument("--out", default="")
+    mp.set_defaults(fn=cmd_make_prompts)
+
+    b = sub.add_parser("bench", help="benchmarks: spec | peers | concurrency | threshold")
+    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold"])
+    b.add_argument("--model", default=DEFAULT_TARGET)
+    b.add_argument("--draft", default=DEFAULT_DRAFT)
+    b.add_argument("--url", default=None, help="benchmark a running server instead")
+    b.add_argument("--prompts", type=int, default=8)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--out", default="data/results")
+    b.add_argument("--quick", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+
+    dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")
+    dm.add_argument("--model", default=DEFAULT_TARGET)
+    dm.add_argument("--draft", default=DEFAULT_DRAFT)
+    dm.add_argument("--prompts", type=int, default=4)
+    dm.add_argument("--max-new-tokens", type=int, default=96)
+    dm.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("serve", help="SGLang-compatible HTTP server")
+    s.add_argument("--model", default=DEFAULT_TARGET)
+    s.add_argument("--draft", default=None)
+    s.add_argument("--num-steps", type=int, default=5)
+    s.add_argument("--topk", type=int, default=4)
+    s.add_argument("--num-draft-tokens", type=int, default=16)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=30000)
+    s.set_defaults(fn=cmd_serve)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    return int(ns.fn(ns) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, EAGLE-3 vs baseline, peers (transformers), concurrency sweeps."""

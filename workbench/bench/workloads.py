@@ -1,0 +1,74 @@
+"""Prompt sets in ``data/prompts/*.jsonl`` (one JSON object per line: id, kind, prompt, source).
+
+Code-completion prompts are cut from the target's held-out standard-library files (never
+trained on), docstring-to-code prompts keep a function's signature and docstring, and a few
+plain-English prompts show behaviour off the training distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from workbench.errors import ConfigError
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
+
+ENGLISH = (
+    "The quick brown fox",
+    "In this tutorial we will learn how to",
+    "Speculative decoding is a technique that",
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    kind: str  # "code" | "docstring" | "english"
+    prompt: str
+    source: str
+
+
+def make_prompts(root: Path, heldout: list[str], per_file: int = 3,
+                 max_chars: int = 600) -> list[Prompt]:
+    """Deterministic prompts from held-out files (relative paths under ``root``)."""
+    out: list[Prompt] = []
+    def_re = re.compile(r"^(    )?def \w+\(.*\):\s*$")
+    for rel in sorted(heldout):
+        lines = (root / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+        defs = [i for i, line in enumerate(lines) if def_re.match(line) and i > 5]
+        for j, i in enumerate(defs[:per_file]):
+            body_start = i + 1
+            # code: the context up to and including the def line
+            ctx = "\n".join(lines[max(0, i - 25) : body_start]) + "\n"
+            out.append(Prompt(f"{rel}:{i}:code", "code", ctx[-max_chars:], rel))
+            if j == 0 and body_start < len(lines) and '"""' in lines[body_start]:
+                end = body_start
+                if lines[body_start].count('"""') < 2:
+                    while end + 1 < len(lines) and '"""' not in lines[end + 1]:
+                        end += 1
+                    end += 1
+                doc = "\n".join(lines[i : end + 1]) + "\n"
+                out.append(Prompt(f"{rel}:{i}:docstring", "docstring", doc[-max_chars:], rel))
+    for k, text in enumerate(ENGLISH):
+        out.append(Prompt(f"english:{k}", "english", text, "handwritten"))
+    return out
+
+
+def save_prompts(prompts: list[Prompt], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(p)) + "\n" for p in prompts))
+
+
+def load_prompts(name: str = "heldout", kinds: tuple[str, ...] | None = None,
+                 limit: int | None = None, folder: Path | None = None) -> list[Prompt]:
+    """Load ``<folder>/<name>.jsonl`` (default ``data/prompts``), optionally filtered."""
+    path = (folder or PROMPTS_DIR) / f"{name}.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"prompts: {path} does not exist (see data/prompts/README.md)")
+    items = [Prompt(**json.loads(line)) for line in path.read_text().splitlines() if line]
+    if kinds:
+        items = [p for p in items if p.kind in kinds]
+    return items[:limit] if limit else items

@@ -1,0 +1,143 @@
+"""Frozen, validated configuration. Vary settings with ``dataclasses.replace(cfg, ...)``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from workbench.errors import ConfigError, RequestError
+
+if TYPE_CHECKING:
+    from workbench.spec.policy import Policy
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine-wide settings.
+
+    kv_budget_tokens sizes the preallocated paged pool (pages of ``page_size`` tokens);
+    ``max_prefill_tokens`` is the chunked-prefill budget per step.
+    """
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_size: int = 64
+    kv_budget_tokens: int = 65536
+    page_size: int = 16
+    max_prefill_tokens: int = 1024
+    max_model_len: int | None = None
+    self_check: bool = True
+    allow_baseline_fallback: bool = False  # draft init failure → explicit baseline engine
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
+            raise ConfigError(f"EngineConfig.dtype: {self.dtype!r} not in float32/bfloat16/"
+                              "float16/float64")
+        for name in ("max_batch_size", "kv_budget_tokens", "page_size", "max_prefill_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"EngineConfig.{name}: must be a positive integer, got {v!r}")
+        if self.kv_budget_tokens < self.page_size:
+            raise ConfigError("EngineConfig.kv_budget_tokens: smaller than one page")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 disable them."""
+
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
+                or self.max_new_tokens <= 0:
+            raise RequestError(f"max_new_tokens: must be a positive integer, got "
+                               f"{self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 \
+                or self.temperature != self.temperature:
+            raise RequestError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise RequestError(f"top_k: must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p < 1.0:
+            raise RequestError(f"min_p: must be in [0, 1), got {self.min_p!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise RequestError(f"seed: must be an integer or None, got {self.seed!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str)
+                           else tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise RequestError("stop: every stop string must be a non-empty str")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
+        """From an HTTP/CLI dict; unknown fields are an error naming them."""
+        names = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise RequestError(f"sampling_params: unknown field(s) {unknown}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """EAGLE-3 settings: S draft steps (tree depth), top-K branching, N verified nodes.
+
+    ``num_draft_tokens`` counts the root (SGLang semantics); None derives it (chain: S+1).
+    ``simulate_accept_length`` replaces acceptance by a synthetic τ for performance studies:
+    outputs are then NOT the target's (not lossless) and are marked as such.
+    """
+
+    num_steps: int = 5
+    topk: int = 4
+    num_draft_tokens: int | None = None
+    policy: Policy | None = None  # None → Always()
+    draft_state: Literal["warm", "cold"] = "warm"
+    simulate_accept_length: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        s, k = self.num_steps, self.topk
+        if not isinstance(s, int) or s < 1:
+            raise ConfigError(f"SpecConfig.num_steps: must be >= 1, got {s!r}")
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(f"SpecConfig.topk: must be >= 1, got {k!r}")
+        n = self.num_draft_tokens
+        if n is None:
+            n = s + 1 if k == 1 else min(k * s + 1, 16)
+            object.__setattr__(self, "num_draft_tokens", n)
+        if not isinstance(n, int) or n < 2:
+            raise ConfigError(f"SpecConfig.num_draft_tokens: must be >= 2, got {n!r}")
+        if k == 1 and n != s + 1:
+            raise ConfigError(f"SpecConfig.num_draft_tokens: topk=1 (chain) forces "
+                              f"num_draft_tokens = num_steps + 1 = {s + 1}, got {n}")
+        if n > k * (s - 1) + k + 1:
+            raise ConfigError(f"SpecConfig.num_draft_tokens: {n} > topk·(num_steps−1)+topk+1 = "
+                              f"{k * (s - 1) + k + 1}")
+        if self.draft_state not in ("warm", "cold"):
+            raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold")
+        a = self.simulate_accept_length
+        if a is not None and not 1.0 <= a <= s + 1:
+            raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "
+                              f"got {a}")
+        if self.policy is None:
+            from workbench.spec.policy import Always
+
+            object.__setattr__(self, "policy", Always())
+
+    @property
+    def lossless(self) -> bool:
+        return self.simulate_accept_length is None

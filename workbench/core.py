@@ -1,0 +1,164 @@
+"""The nouns every module imports: Request, DraftTree, VerifyResult, StepStats, outputs."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """SGLang/vLLM semantics: τ (accept length) counts the bonus token."""
+
+    verify_ct: int = 0
+    accept_lengths: list[int] = field(default_factory=list)
+    drafted_tokens: int = 0
+    accepted_per_depth: list[int] = field(default_factory=list)
+    plain_steps: int = 0
+    preemptions: int = 0
+    arrival: float = 0.0
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens per verify step (= spec_accept_length); 1.0 with no verify steps."""
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+@dataclass
+class Request:
+    """One sequence. ``tokens`` = prompt + output; target KV holds ``kv_len`` of them.
+
+    Decode invariant: kv_len == len(tokens) - 1 (the last token, the *root*, is not yet in
+    the cache). Draft invariant: draft_len <= kv_len, and ``pending_feats`` holds the target
+    features of positions [draft_len, kv_len) the draft has not consumed yet.
+    """
+
+    rid: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    tokens: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    blocks: list[int] = field(default_factory=list)
+    kv_len: int = 0
+    prefill_target: int = 0  # prefill covers tokens[:prefill_target]
+    sample_after_prefill: bool = True
+    draft_len: int = 0
+    pending_feats: torch.Tensor | None = None  # (m, 3·Dt)
+    draft_logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
+    draft_hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1
+    spec_capable: bool = False
+    generator: torch.Generator | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    emitted_from_draft: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+        self.prefill_target = len(self.tokens)
+        if not self.metrics.arrival:
+            self.metrics.arrival = time.perf_counter()
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids):]
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.kv_len < self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A batch of draft trees. Node 0 is the root (last verified token). Shapes (B, N).
+
+    Invariants: parents[:, 0] = -1 and parents[b, i] < i; depth[b, i] = depth[b, parent] + 1;
+    positions = prefix_len + depth; mask[b, i, j] iff j is i or an ancestor of i.
+    """
+
+    tokens: torch.Tensor  # (B, N) int64 target-vocab ids
+    parents: torch.Tensor  # (B, N) int64
+    depth: torch.Tensor  # (B, N) int64
+    positions: torch.Tensor  # (B, N) int64
+    mask: torch.Tensor  # (B, N, N) bool
+    scores: torch.Tensor  # (B, N) float cumulative draft log-prob (root 0)
+    draft_probs: torch.Tensor  # (B, N) float draft prob of each node given its parent (root 1)
+    retrieve_index: torch.Tensor  # (B, N, S+1) node indices of the root→node path, -1 padded
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Acceptance per request. accept_index (B, N) path node indices (-1 padded)."""
+
+    accept_index: torch.Tensor
+    accept_len: torch.Tensor  # (B,) accepted draft nodes, bonus excluded
+    bonus: torch.Tensor  # (B,)
+    target_tokens: torch.Tensor  # (B, N) target argmax (greedy) at each node
+
+
+@dataclass
+class StepStats:
+    """What one engine step did (for metrics, policies and traces)."""
+
+    step: int
+    mode: str  # "plain" | "spec" | "prefill" | "idle"
+    batch_size: int
+    decode_batch: int
+    emitted: int
+    phases_ms: dict[str, float] = field(default_factory=dict)
+    total_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    rid: int
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: RequestMetrics
+    error: str | None = None
+    lossless: bool = True
+    from_draft: list[bool] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Delta of one request in one step (streaming)."""
+
+    rid: int
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None

@@ -1,0 +1,129 @@
+"""CPU attention over the paged pool, with a plan/run split (STYLE.md item 8).
+
+``plan`` runs once per forward: it turns per-request query/KV lengths (and an optional tree
+mask) into static index tensors. ``run`` is called by every layer: write the new K/V into their
+slots, gather each request's keys, one SDPA call for the whole ragged batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class PagedAttention:
+    """Backend for one pool (target: L layers; draft: one layer).
+
+    Memory traffic per layer: write T·Hkv·hd·2 values; read B·Lk·Hkv·hd·2 (the gather) —
+    dominated by the gather at long contexts.
+    """
+
+    def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int) -> None:
+        self.k_pool, self.v_pool = k_pool, v_pool  # (L, S, Hkv, hd)
+        self.h = num_heads
+        self.gqa = num_heads != k_pool.shape[2]
+        self.write_slots = torch.empty(0, dtype=torch.int64)
+        self.kv_index = torch.empty(0, 0, dtype=torch.int64)
+        self.mask: torch.Tensor | None = None
+        self.q_index: torch.Tensor | None = None
+        self.q_shape = (0, 0)
+        self.is_causal = False
+
+    def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
+             tree_masks: list[torch.Tensor | None] | None = None) -> None:
+        """write_slots (T,) slots of the new tokens (in order); q_lens per request; kv_slots per
+        request (Lk_b,) = prefix slots followed by the new tokens' slots; tree_masks per request
+        (q_len, q_len) bool ancestor mask over the new tokens, or None for causal."""
+        b = len(q_lens)
+        lq, lk = max(q_lens), max(int(s.numel()) for s in kv_slots)
+        self.write_slots = write_slots
+        self.q_shape = (b, lq)
+        uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
+        self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
+            [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
+        self.q_index = None if uniform else torch.cat(
+            [torch.arange(q) + i * lq for i, q in enumerate(q_lens)])
+        has_tree = tree_masks is not None and any(m is not None for m in tree_masks)
+        # Fast paths: one new token per request with no padding needs no mask at all; a single
+        # fresh prefill is plain causal attention.
+        self.is_causal = False
+        if uniform and not has_tree and lq == 1:
+            self.mask = None
+            return
+        if uniform and not has_tree and b == 1 and lq == lk:
+            self.mask, self.is_causal = None, True
+            return
+        mask = torch.zeros(b, lq, lk, dtype=torch.bool)
+        for i, (q, s) in enumerate(zip(q_lens, kv_slots, strict=True)):
+            n = int(s.numel())
+            pre = n - q
+            mask[i, :q, :pre] = True
+            tm = tree_masks[i] if tree_masks is not None else None
+            if tm is None:
+                mask[i, :q, pre:n] = torch.ones(q, q, dtype=torch.bool).tril()
+            else:
+                mask[i, :q, pre:n] = tm
+            if q < lq:  # padded query rows attend to one key so softmax stays finite
+                mask[i, q:, 0] = True
+        self.mask = mask.unsqueeze(1)  # (B, 1, Lq, Lk)
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (T, H, hd), k/v (T, Hkv, hd) → (T, H, hd)."""
+        kp, vp = self.k_pool[layer], self.v_pool[layer]
+        kp.index_copy_(0, self.write_slots, k)
+        vp.index_copy_(0, self.write_slots, v)
+        b, lq = self.q_shape
+        kk = kp[self.kv_index].transpose(1, 2)  # (B, Hkv, Lk, hd)
+        vv = vp[self.kv_index].transpose(1, 2)
+        if self.q_index is None:
+            qq = q.view(b, lq, *q.shape[1:])
+        else:
+            qq = q.new_zeros(b * lq, *q.shape[1:]).index_copy_(0, self.q_index, q)
+            qq = qq.view(b, lq, *q.shape[1:])
+        o = F.scaled_dot_product_attention(qq.transpose(1, 2), kk, vv, attn_mask=self.mask,
+                                           is_causal=self.is_causal, enable_gqa=self.gqa)
+        o = o.transpose(1, 2).reshape(b * lq, *q.shape[1:])
+        return o if self.q_index is None else o[self.q_index]
+
+
+class TreeDraftAttention:
+    """Draft-tree attention: gathered draft prefix (once per draft phase) + tree-local K/V.
+
+    Tree nodes are never written to the pool; rejected branches therefore need no rewind.
+    """
+
+    def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
+                 prefix_slots: list[torch.Tensor]) -> None:
+        b = len(prefix_slots)
+        lk = max(int(s.numel()) for s in prefix_slots)
+        idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots])
+        self.k_pre = k_pool[0][idx]  # (B, Lp, Hkv, hd)
+        self.v_pre = v_pool[0][idx]
+        self.pre_valid = torch.zeros(b, lk, dtype=torch.bool)
+        for i, s in enumerate(prefix_slots):
+            self.pre_valid[i, : int(s.numel())] = True
+        self.k_tree: list[torch.Tensor] = []
+        self.v_tree: list[torch.Tensor] = []
+        self.b, self.h = b, num_heads
+        self.gqa = num_heads != k_pool.shape[2]
+        self.anc: torch.Tensor | None = None  # (B, K, n_tree) ancestors-or-self of the frontier
+
+    def set_frontier(self, anc: torch.Tensor) -> None:
+        """anc (B, K, n_tree_after_this_step) bool: which tree entries each query may see."""
+        self.anc = anc
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B·K, H, hd), k/v (B·K, Hkv, hd) for the frontier → (B·K, H, hd)."""
+        assert self.anc is not None
+        b = self.b
+        kf = k.view(b, -1, *k.shape[1:])
+        self.k_tree.append(kf)
+        self.v_tree.append(v.view(b, -1, *v.shape[1:]))
+        kk = torch.cat([self.k_pre, *self.k_tree], dim=1).transpose(1, 2)
+        vv = torch.cat([self.v_pre, *self.v_tree], dim=1).transpose(1, 2)
+        kq = kf.shape[1]
+        mask = torch.cat([self.pre_valid.unsqueeze(1).expand(b, kq, -1), self.anc], dim=2)
+        qq = q.view(b, kq, *q.shape[1:]).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask.unsqueeze(1),
+                                           enable_gqa=self.gqa)
+        return o.transpose(1, 2).reshape(b * kq, *q.shape[1:])

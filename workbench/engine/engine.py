@@ -1,0 +1,790 @@
+"""The engine: staged all-or-nothing init, then one ``step`` loop for plain and speculative decoding.
+
+A step (DESIGN.md §4): schedule → prefill chunks → policy → [draft tree → verify (one target
+forward over every request's tree) → accept → commit KV] or [one plain decode forward] →
+draft extend → emit. Plain steps never touch tree machinery or reserve lookahead KV.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import faults
+from workbench.config import EngineConfig, SamplingParams, SpecConfig
+from workbench.core import Request, RequestOutput, StepOutput, StepStats
+from workbench.engine.attention import PagedAttention
+from workbench.engine.kv_cache import KVPool
+from workbench.engine.sampler import make_generator, process_probs, sample_rows
+from workbench.engine.scheduler import Scheduler
+from workbench.errors import ConfigError, EngineInitError, RequestError
+from workbench.models.config import ModelConfig
+from workbench.models.eagle3 import Eagle3Draft
+from workbench.models.llama import LlamaForCausalLM
+from workbench.spec.drafter import draft_tree
+from workbench.spec.policy import Decision, PolicyContext
+from workbench.spec.verify import greedy_verify, sample_verify, simulated_verify
+from workbench.trace import events as ev
+from workbench.trace.tracer import Dispatcher
+
+Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+
+
+class EngineStats:
+    """Engine-wide counters with SGLang/vLLM semantics."""
+
+    def __init__(self) -> None:
+        self.steps = {"plain": 0, "spec": 0, "prefill": 0}
+        self.verify_ct = 0
+        self.accept_lengths: list[int] = []
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []
+        self.generated_tokens = 0
+
+    @property
+    def accept_length(self) -> float:
+        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+class Engine:
+    """Build with :meth:`from_pretrained`. Either fully initialised or not at all."""
+
+    def __init__(self, model: str | Path, draft: str | Path | None = None,
+                 config: EngineConfig | None = None, tracer: Any = None) -> None:
+        # Every attribute exists before the first fallible stage (no half-built object).
+        self.config = config or EngineConfig()
+        self.model_path = model
+        self.draft_path = draft
+        self.model_config: ModelConfig | None = None
+        self.target: LlamaForCausalLM | None = None
+        self.draft: Eagle3Draft | None = None
+        self.aux_layers: tuple[int, ...] = ()
+        self.tokenizer: Any = None
+        self.pool: KVPool | None = None
+        self.attn: PagedAttention | None = None
+        self.draft_attn: PagedAttention | None = None
+        self.scheduler: Scheduler | None = None
+        self.spec: SpecConfig | None = None
+        self.stats = EngineStats()
+        self.trace = Dispatcher()
+        if tracer is not None:
+            self.trace.tracer = tracer
+        self.hooks = self.trace.hooks
+        self.requests: dict[int, Request] = {}
+        self.step_id = 0
+        self.max_model_len = 0
+        self.eos_ids: set[int] = set()
+        self.baseline_only = False
+        self._rids = itertools.count()
+        self._closed = False
+        self.init_log: list[tuple[str, str, float]] = []
+        self._init()
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path, draft: str | Path | None = None,
+                        config: EngineConfig | None = None) -> Engine:
+        return cls(model, draft, config)
+
+    # -- staged init ----------------------------------------------------------------------
+    def _init(self) -> None:
+        stages: list[tuple[str, Callable[[], None]]] = [
+            ("load_config", self._stage_load_config),
+            ("load_target", self._stage_load_target),
+            ("load_draft", self._stage_load_draft),
+            ("allocate_kv", self._stage_allocate_kv),
+            ("attention_backend", self._stage_attention_backend),
+            ("draft_attention_backend", self._stage_draft_attention_backend),
+            ("cuda_graphs", self._stage_cuda_graphs),
+            ("self_check", self._stage_self_check),
+        ]
+        for name, fn in stages:
+            t0 = time.perf_counter()
+            try:
+                faults.check(f"init:{name}")
+                fn()
+            except Exception as e:  # re-raised as EngineInitError after freeing everything
+                if self._draft_stage(name) and self.config.allow_baseline_fallback:
+                    self._drop_draft(f"{type(e).__name__}: {e}")
+                    self._record_stage(name, "fallback", t0, f"{type(e).__name__}: {e}")
+                    continue
+                self._record_stage(name, "failed", t0, f"{type(e).__name__}: {e}")
+                self.close()
+                raise EngineInitError(name, e) from e
+            self._record_stage(name, "ok", t0, "")
+
+    def _draft_stage(self, name: str) -> bool:
+        return self.draft_path is not None and name in ("load_draft", "draft_attention_backend")
+
+    def _drop_draft(self, why: str) -> None:
+        """Configured fallback: an explicit baseline engine, said so in an InitStage event."""
+        self.draft = None
+        self.draft_attn = None
+        self.aux_layers = ()
+        self.baseline_only = True
+        if self.pool is not None:
+            self.pool.dk = self.pool.dv = None
+
+    def _record_stage(self, name: str, status: str, t0: float, detail: str) -> None:
+        seconds = time.perf_counter() - t0
+        self.init_log.append((name, status, seconds))
+        if self.trace.enabled:
+            self.trace.emit(ev.InitStage(t=time.perf_counter(), stage=name, status=status,
+                                         seconds=seconds, detail=detail))
+
+    def _stage_load_config(self) -> None:
+        from workbench.models.loader import resolve_path
+
+        folder = resolve_path(self.model_path)
+        self.model_path = folder
+        self.model_config = ModelConfig.from_folder(folder)
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        cfg_len = self.model_config.max_position_embeddings
+        self.max_model_len = min(cfg_len, self.config.max_model_len or cfg_len)
+        self.eos_ids = set(self.model_config.eos_token_id)
+        if (Path(folder) / "tokenizer.json").is_file() or \
+                (Path(folder) / "tokenizer_config.json").is_file():
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+
+    def _stage_load_target(self) -> None:
+        from workbench.models.loader import load_target
+
+        self.target, _, _ = load_target(self.model_path, self.config.dtype, self.config.device)
+        self.target.fuse()
+
+    def _stage_load_draft(self) -> None:
+        if self.draft_path is None:
+            return
+        from workbench.models.loader import load_eagle3
+
+        assert self.target is not None
+        self.draft, self.aux_layers = load_eagle3(self.draft_path, self.target,
+                                                  self.config.dtype, self.config.device)
+
+    def _stage_allocate_kv(self) -> None:
+        cfg, mc = self.config, self.model_config
+        assert mc is not None
+        draft_shape = None
+        if self.draft is not None:
+            dc = self.draft.config
+            draft_shape = (dc.num_key_value_heads, dc.head_dim)
+        self.pool = KVPool(cfg.kv_budget_tokens // cfg.page_size, cfg.page_size,
+                           mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
+                           self.target.model.embed_tokens.weight.dtype if self.target else
+                           torch.float32, cfg.device, draft_shape)
+        self.scheduler = Scheduler(self.pool, cfg.max_batch_size, cfg.max_prefill_tokens)
+
+    def _stage_attention_backend(self) -> None:
+        assert self.pool is not None and self.model_config is not None
+        self.attn = PagedAttention(self.pool.k, self.pool.v, self.model_config.num_attention_heads)
+
+    def _stage_draft_attention_backend(self) -> None:
+        if self.draft is None:
+            return
+        assert self.pool is not None and self.pool.dk is not None and self.pool.dv is not None
+        self.draft_attn = PagedAttention(self.pool.dk, self.pool.dv,
+                                         self.draft.config.num_attention_heads)
+
+    def _stage_cuda_graphs(self) -> None:
+        """CPU: nothing to capture. On CUDA the graph runner (kernels issue) captures here."""
+
+    def _stage_self_check(self) -> None:
+        if not self.config.self_check:
+            return
+        assert self.model_config is not None
+        prompt = list(range(1, min(9, self.model_config.vocab_size)))
+        sp = SamplingParams(max_new_tokens=4)
+        plain = self.generate([prompt], sp)[0].token_ids
+        if len(plain) != 4:
+            raise RuntimeError(f"self-check produced {len(plain)} tokens, expected 4")
+        if self.draft is not None:
+            spec = self.generate([prompt], sp, spec=SpecConfig(num_steps=2, topk=2,
+                                                               num_draft_tokens=4))[0].token_ids
+            if spec != plain:
+                raise RuntimeError(f"self-check: speculative output {spec} != plain {plain}")
+        self.stats = EngineStats()
+        self.step_id = 0
+
+    # -- public API -------------------------------------------------------------------------
+    def set_tracer(self, tracer: Any) -> None:
+        self.trace.tracer = tracer
+
+    @property
+    def tracer(self) -> Any:
+        return self.trace.tracer
+
+    def set_spec(self, spec: SpecConfig | None) -> None:
+        if spec is not None and self.draft is None:
+            why = " (draft init failed; running as an explicit baseline)" if self.baseline_only \
+                else ""
+            raise ConfigError(f"spec: this engine has no draft model{why}")
+        self.spec = spec
+
+    def tokenize(self, prompt: Prompt, field: str = "prompt") -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"{field}: text given but the model folder has no tokenizer")
+            if not prompt:
+                raise RequestError(f"{field}: empty prompt")
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+                raise RequestError(f"{field}: chat messages given but the tokenizer has no chat "
+                                   "template")
+            return list(self.tokenizer.apply_chat_template(items, add_generation_prompt=True,
+                                                           tokenize=True))
+        if not items:
+            raise RequestError(f"{field}: empty prompt")
+        assert self.model_config is not None
+        vocab = self.model_config.vocab_size
+        for t in items:
+            if not isinstance(t, int) or isinstance(t, bool):
+                raise RequestError(f"{field}: token ids must be integers, got {t!r}")
+            if not 0 <= t < vocab:
+                raise RequestError(f"{field}: token id {t} outside the vocabulary [0, {vocab})")
+        return items
+
+    def add_request(self, prompt: Prompt, sampling: SamplingParams | None = None) -> int:
+        """Queue one request; returns its id. Invalid input raises RequestError (nothing queued)."""
+        self._check_open()
+        sp = sampling or SamplingParams()
+        if not isinstance(sp, SamplingParams):
+            raise RequestError(f"sampling: expected SamplingParams, got {type(sp).__name__}")
+        ids = self.tokenize(prompt)
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"prompt: {len(ids)} tokens does not fit the context "
+                               f"(max_model_len {self.max_model_len})")
+        assert self.pool is not None and self.scheduler is not None
+        capacity = self.pool.num_blocks * self.pool.page_size
+        if len(ids) + 1 > capacity:
+            raise RequestError(f"prompt: {len(ids)} tokens exceeds the KV pool ({capacity} tokens)")
+        rid = next(self._rids)
+        req = Request(rid=rid, prompt_ids=ids, sampling=sp)
+        req.generator = make_generator(sp, fallback_seed=rid)
+        req.spec_capable = self.spec is not None
+        self.requests[rid] = req
+        self.scheduler.add(req)
+        if self.trace.enabled:
+            self.trace.emit(ev.RequestAdmitted(t=time.perf_counter(), rid=rid,
+                                               prompt_len=len(ids),
+                                               max_new_tokens=sp.max_new_tokens,
+                                               temperature=float(sp.temperature)))
+        return rid
+
+    def abort(self, rid: int) -> None:
+        """Abort a request in any state; its KV is freed now. Unknown ids are ignored."""
+        req = self.requests.get(rid)
+        if req is None or req.finished:
+            return
+        self._finish(req, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_work()
+
+    def kv_usage(self) -> dict[str, int]:
+        assert self.pool is not None
+        return {"used_blocks": self.pool.used_blocks, "total_blocks": self.pool.num_blocks,
+                "page_size": self.pool.page_size}
+
+    def output(self, rid: int) -> RequestOutput:
+        req = self.requests[rid]
+        text = self.tokenizer.decode(req.output_ids) if self.tokenizer is not None else ""
+        lossless = self.spec is None or self.spec.lossless
+        return RequestOutput(rid=rid, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
+                             text=text, finish_reason=req.finish_reason or "",
+                             metrics=req.metrics, error=req.error, lossless=lossless,
+                             from_draft=list(req.emitted_from_draft))
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 spec: SpecConfig | None = None, progress: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion (continuous batching) and return outputs in order."""
+        self._check_open()
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
+                                        isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        plist = list(prompts)  # type: ignore[arg-type]
+        sps = list(sampling) if isinstance(sampling, Sequence) else [sampling] * len(plist)
+        if len(sps) != len(plist):
+            raise RequestError(f"sampling: {len(sps)} params for {len(plist)} prompts")
+        previous = self.spec
+        self.set_spec(spec)
+        try:
+            rids = [self.add_request(p, s) for p, s in zip(plist, sps, strict=True)]
+            bar = None
+            if progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=len(rids), desc="generate", unit="req")
+            pending = set(rids)
+            while pending:
+                for out in self.step():
+                    if out.finished and out.rid in pending:
+                        pending.discard(out.rid)
+                        if bar is not None:
+                            bar.update(1)
+            if bar is not None:
+                bar.close()
+            return [self.output(r) for r in rids]
+        finally:
+            self.spec = previous
+
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None,
+               spec: SpecConfig | None = None) -> Iterator[str]:
+        """Yield text deltas as tokens are produced (drives the engine itself)."""
+        previous = self.spec
+        self.set_spec(spec)
+        rid = self.add_request(prompt, sampling)
+        text = ""
+        try:
+            while True:
+                outs = [o for o in self.step() if o.rid == rid]
+                req = self.requests[rid]
+                if self.tokenizer is not None:
+                    full = self.tokenizer.decode(req.output_ids)
+                    if not full.endswith("\ufffd") and len(full) > len(text):
+                        yield full[len(text):]
+                        text = full
+                if any(o.finished for o in outs):
+                    if req.error:
+                        raise RequestError(req.error)
+                    return
+        finally:
+            self.abort(rid)
+            self.spec = previous
+
+    def close(self) -> None:
+        """Free every allocation; idempotent; the engine refuses work afterwards."""
+        if self.scheduler is not None:
+            for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self.scheduler.finish(req)
+        self.pool = None
+        self.attn = self.draft_attn = None
+        self.scheduler = None
+        self.target = None
+        self.draft = None
+        self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+
+    # -- the step -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        """Advance every running request by one step; returns per-request token deltas."""
+        self._check_open()
+        assert self.scheduler is not None
+        t_start = time.perf_counter()
+        self.step_id += 1
+        outputs: dict[int, StepOutput] = {}
+        phases: dict[str, float] = {}
+        t = time.perf_counter()
+        faults.check("step:schedule")
+        sched = self.scheduler.schedule()
+        phases["schedule"] = _ms(t)
+        if sched.prefill:
+            t = time.perf_counter()
+            self._prefill(sched.prefill, outputs)
+            phases["prefill"] = _ms(t)
+        decode = [r for r in sched.decode if not r.finished]
+        mode = "prefill" if sched.prefill else "idle"
+        if decode:
+            decision = self._decide(len(decode))
+            spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
+            plain_reqs = [r for r in decode if r not in spec_reqs]
+            if spec_reqs:
+                spec_reqs = self._spec_step(spec_reqs, decision, outputs, phases)
+                mode = "spec"
+            if plain_reqs:
+                self._plain_step(plain_reqs, outputs, phases)
+                mode = "plain" if not spec_reqs else "spec"
+            total = _ms(t_start)
+            self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
+            if self.spec is not None:
+                self.spec.policy.observe(decision, total, [])  # type: ignore[union-attr]
+            if self.trace.enabled:
+                self._emit_step(decision, len(decode), mode, phases, total)
+        elif sched.prefill:
+            self.stats.steps["prefill"] += 1
+        return list(outputs.values())
+
+    def _decide(self, decode_batch: int) -> Decision:
+        spec = self.spec
+        if spec is None or self.draft is None:
+            return Decision(False, reason="no spec")
+        ctx = PolicyContext(self.step_id, decode_batch, spec.num_steps, spec.topk,
+                            spec.num_draft_tokens or spec.num_steps + 1)
+        return spec.policy.decide(ctx)  # type: ignore[union-attr]
+
+    def _emit_step(self, d: Decision, batch: int, mode: str, phases: dict[str, float],
+                   total: float) -> None:
+        now = time.perf_counter()
+        self.trace.emit(ev.PolicyDecision(t=now, step=self.step_id, batch_size=batch,
+                                          decode_batch=batch, speculate=d.speculate,
+                                          num_steps=d.num_steps, topk=d.topk,
+                                          num_draft_tokens=d.num_draft_tokens, reason=d.reason,
+                                          predicted_ms=d.predicted_ms, measured_ms=total))
+        self.trace.emit(ev.StepTiming(
+            t=now, step=self.step_id, batch_size=batch, mode=mode,
+            schedule_ms=phases.get("schedule", 0.0) + phases.get("prefill", 0.0),
+            draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
+            accept_ms=phases.get("accept", 0.0), commit_ms=phases.get("commit", 0.0),
+            extend_ms=phases.get("extend", 0.0) + phases.get("decode", 0.0), total_ms=total))
+        assert self.pool is not None
+        self.trace.emit(ev.KVUsage(t=now, step=self.step_id, used_blocks=self.pool.used_blocks,
+                                   total_blocks=self.pool.num_blocks,
+                                   used_tokens=sum(r.kv_len for r in self.requests.values()
+                                                   if not r.finished)))
+
+    # -- forward helpers -----------------------------------------------------------------------
+    def _target_forward(self, reqs: list[Request], starts: list[int], ends: list[int],
+                        tokens: torch.Tensor, positions: torch.Tensor,
+                        tree_masks: list[torch.Tensor | None] | None = None,
+                        want_aux: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """New tokens of request i occupy positions [starts[i], ends[i]); KV for them is
+        written to their slots and attention sees positions [0, ends[i])."""
+        assert self.pool is not None and self.attn is not None and self.target is not None
+        write, kv = [], []
+        for r, s, e in zip(reqs, starts, ends, strict=True):
+            all_slots = self.pool.slots(r.blocks, 0, e)
+            write.append(all_slots[s:])
+            kv.append(all_slots)
+        self.attn.plan(torch.cat(write), [e - s for s, e in zip(starts, ends, strict=True)], kv,
+                       tree_masks)
+        return self.target(tokens, positions, self.attn, self.aux_layers if want_aux else ())
+
+    def _draft_extend(self, reqs: list[Request]) -> None:
+        """Feed the draft every position it has not seen: (feature at p, token at p+1)."""
+        reqs = [r for r in reqs if r.draft_len < r.kv_len and r.pending_feats is not None]
+        if not reqs:
+            return
+        faults.check("step:extend")
+        assert self.draft is not None and self.draft_attn is not None and self.pool is not None
+        toks, pos, feats, write, kv, q_lens = [], [], [], [], [], []
+        for r in reqs:
+            s, e = r.draft_len, r.kv_len
+            toks.append(torch.tensor(r.tokens[s + 1 : e + 1]))
+            pos.append(torch.arange(s, e))
+            feats.append(r.pending_feats)
+            slots = self.pool.slots(r.blocks, 0, e)
+            write.append(slots[s:])
+            kv.append(slots)
+            q_lens.append(e - s)
+        self.draft_attn.plan(torch.cat(write), q_lens, kv)
+        hidden = self.draft.fuse_features(torch.cat(feats))
+        logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn)
+        ends = torch.tensor(q_lens).cumsum(0) - 1
+        for i, r in enumerate(reqs):
+            r.draft_logits = logits[ends[i]]
+            r.draft_hidden = out[ends[i]]
+            r.draft_len = r.kv_len
+            r.pending_feats = None
+
+    def _keep_feats(self, r: Request, feats: torch.Tensor) -> None:
+        r.pending_feats = feats if r.pending_feats is None else torch.cat([r.pending_feats, feats])
+
+    # -- prefill -----------------------------------------------------------------------------
+    def _prefill(self, chunks: list[tuple[Request, int, int]],
+                 outputs: dict[int, StepOutput]) -> None:
+        faults.check("step:prefill")
+        reqs = [c[0] for c in chunks]
+        starts = [c[1] for c in chunks]
+        ends = [c[2] for c in chunks]
+        tokens = torch.cat([torch.tensor(r.tokens[s:e]) for r, s, e in chunks])
+        positions = torch.cat([torch.arange(s, e) for _, s, e in chunks])
+        want_aux = self.draft is not None and any(r.spec_capable for r in reqs)
+        t0 = time.perf_counter()
+        hidden, aux = self._target_forward(reqs, starts, ends, tokens, positions,
+                                           want_aux=want_aux)
+        offs = 0
+        done: list[Request] = []
+        for r, s, e in chunks:
+            n = e - s
+            if aux is not None and r.spec_capable:
+                self._keep_feats(r, aux[offs : offs + n])
+            r.kv_len = e
+            if not r.in_prefill:
+                done.append(r)
+                if r.sample_after_prefill:
+                    logits = self.target.logits(hidden[offs + n - 1 : offs + n])  # type: ignore
+                    if self._bad_logits(r, logits, outputs):
+                        offs += n
+                        continue
+                    tok = int(sample_rows(logits, [r.sampling], [r.generator])[0])
+                    self._emit(r, [tok], [False], outputs)
+            offs += n
+        if self.trace.enabled:
+            self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
+                                       num_tokens=int(tokens.numel()),
+                                       chunked=any(r.in_prefill for r in reqs),
+                                       seconds=time.perf_counter() - t0))
+        spec_done = [r for r in done if r.spec_capable and not r.finished]
+        if spec_done and self.spec is not None and self.spec.draft_state == "warm":
+            self._draft_extend(spec_done)
+
+    # -- plain decode --------------------------------------------------------------------------
+    def _plain_step(self, reqs: list[Request], outputs: dict[int, StepOutput],
+                    phases: dict[str, float]) -> None:
+        assert self.scheduler is not None and self.target is not None
+        reqs = self.scheduler.ensure_decode_room(reqs, 1)
+        if not reqs:
+            return
+        t = time.perf_counter()
+        kv = [r.kv_len for r in reqs]
+        tokens = torch.tensor([r.tokens[-1] for r in reqs])
+        want_aux = self.spec is not None and self.draft is not None and \
+            any(r.spec_capable for r in reqs)
+        hidden, aux = self._target_forward(reqs, kv, [k + 1 for k in kv], tokens,
+                                           torch.tensor(kv), want_aux=want_aux)
+        logits = self.target.logits(hidden)
+        faults.check("step:sampler")
+        toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+        phases["decode"] = phases.get("decode", 0.0) + _ms(t)
+        warm = []
+        for i, r in enumerate(reqs):
+            if self._bad_logits(r, logits[i : i + 1], outputs):
+                continue
+            r.kv_len += 1
+            r.metrics.plain_steps += 1
+            if aux is not None and r.spec_capable:
+                self._keep_feats(r, aux[i : i + 1])
+                warm.append(r)
+            self._emit(r, [int(toks[i])], [False], outputs)
+        if warm and self.spec is not None and self.spec.draft_state == "warm":
+            t = time.perf_counter()
+            self._draft_extend([r for r in warm if not r.finished])
+            phases["extend"] = phases.get("extend", 0.0) + _ms(t)
+
+    # -- speculative decode ------------------------------------------------------------------
+    def _spec_step(self, reqs: list[Request], d: Decision, outputs: dict[int, StepOutput],
+                   phases: dict[str, float]) -> list[Request]:
+        assert self.scheduler is not None and self.target is not None and self.pool is not None
+        assert self.draft is not None and self.spec is not None
+        n_nodes = d.num_draft_tokens
+        reqs = self.scheduler.ensure_decode_room(reqs, n_nodes)
+        if not reqs:
+            return []
+        # 1. Cold drafts catch up over the tokens they missed while speculation was off.
+        t = time.perf_counter()
+        self._draft_extend(reqs)
+        # 2. Draft: build every request's tree.
+        faults.check("step:draft")
+        b = len(reqs)
+        root_pos = torch.tensor([r.kv_len for r in reqs])
+        on_step = self._trace_draft_step(reqs) if self.trace.enabled else None
+        tree = draft_tree(
+            self.draft, torch.stack([r.draft_logits for r in reqs]),  # type: ignore[misc]
+            torch.stack([r.draft_hidden for r in reqs]),  # type: ignore[misc]
+            torch.tensor([r.tokens[-1] for r in reqs]), root_pos,
+            [self.pool.slots(r.blocks, 0, r.draft_len) for r in reqs], self.pool.dk,
+            self.pool.dv, d.num_steps, d.topk, n_nodes, on_step)
+        phases["draft"] = _ms(t)
+        # 3. Verify: one target forward over all trees (ragged, tree masks).
+        t = time.perf_counter()
+        faults.check("step:verify")
+        n = tree.num_nodes
+        starts = [r.kv_len for r in reqs]
+        hidden, aux = self._target_forward(
+            reqs, starts, [s + n for s in starts], tree.tokens.flatten(),
+            tree.positions.flatten(), [tree.mask[i] for i in range(b)], want_aux=True)
+        logits = self.target.logits(hidden).view(b, n, -1)
+        phases["verify"] = _ms(t)
+        # 4. Accept.
+        t = time.perf_counter()
+        faults.check("step:accept")
+        res = self._accept(reqs, tree, logits)
+        phases["accept"] = _ms(t)
+        # 5. Commit: move each accepted path's KV to consecutive positions; emit tokens.
+        t = time.perf_counter()
+        faults.check("step:commit")
+        src, dst = [], []
+        keep: list[Request] = []
+        assert aux is not None
+        aux = aux.view(b, n, -1)
+        for i, r in enumerate(reqs):
+            if self._bad_logits(r, logits[i], outputs):
+                continue
+            m = int(res.accept_len[i])
+            path = res.accept_index[i, : m + 1]
+            slots = self.pool.slots(r.blocks, r.kv_len, r.kv_len + n)
+            moved = path != torch.arange(m + 1)
+            if bool(moved.any()):
+                src.append(slots[path[moved]])
+                dst.append(slots[torch.arange(m + 1)[moved]])
+            new = tree.tokens[i, path[1:]].tolist() + [int(res.bonus[i])]
+            self._record_accept(r, m, n - 1)
+            if self.trace.enabled:
+                self._trace_verify(r, tree, i, res, logits[i], new)
+            r.kv_len += m + 1
+            self._keep_feats(r, aux[i, path])
+            self._emit(r, new, [True] * m + [False], outputs)
+            if not r.finished:
+                self.pool.trim(r.blocks, r.kv_len + 1)
+                keep.append(r)
+        if src:
+            self.pool.compact(torch.cat(src), torch.cat(dst))
+        phases["commit"] = _ms(t)
+        # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
+        t = time.perf_counter()
+        self._draft_extend(keep)
+        phases["extend"] = _ms(t)
+        return reqs
+
+    def _accept(self, reqs: list[Request], tree: Any, logits: torch.Tensor) -> Any:
+        spec = self.spec
+        assert spec is not None
+        if spec.simulate_accept_length is not None:
+            a = spec.simulate_accept_length - 1.0
+            lo = int(a)
+            acc = torch.tensor([lo + (1 if torch.rand(()) < a - lo else 0) for _ in reqs])
+            return simulated_verify(tree, logits, acc)
+        greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
+        if len(greedy) == len(reqs):
+            return greedy_verify(tree, logits)
+        b, n = tree.tokens.shape
+        probs = torch.zeros_like(logits)
+        coins = torch.zeros(b, n)
+        final_u = torch.zeros(b)
+        for i, r in enumerate(reqs):
+            if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
+                probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
+            else:
+                probs[i] = process_probs(logits[i], r.sampling)
+                coins[i] = torch.rand(n, generator=r.generator)
+                final_u[i] = torch.rand((), generator=r.generator)
+        return sample_verify(tree, probs, coins, final_u)
+
+    def _record_accept(self, r: Request, m: int, drafted: int) -> None:
+        met, st = r.metrics, self.stats
+        met.verify_ct += 1
+        met.accept_lengths.append(m + 1)
+        met.drafted_tokens += drafted
+        while len(met.accepted_per_depth) < m:
+            met.accepted_per_depth.append(0)
+        for depth in range(m):
+            met.accepted_per_depth[depth] += 1
+        st.verify_ct += 1
+        st.accept_lengths.append(m + 1)
+        st.num_drafts += 1
+        st.num_draft_tokens += drafted
+        st.num_accepted_tokens += m
+        while len(st.accepted_per_pos) < m:
+            st.accepted_per_pos.append(0)
+        for depth in range(m):
+            st.accepted_per_pos[depth] += 1
+
+    # -- emit / finish -------------------------------------------------------------------------
+    def _bad_logits(self, r: Request, logits: torch.Tensor,
+                    outputs: dict[int, StepOutput]) -> bool:
+        """Non-finite logits fail this request only; the others continue."""
+        if faults.active(f"step:nan_logits@{r.rid}") or not bool(torch.isfinite(logits).all()):
+            r.error = f"request {r.rid}: non-finite logits at position {r.kv_len}"
+            self._finish(r, "error")
+            outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)
+            return True
+        return False
+
+    def _emit(self, r: Request, new: list[int], from_draft: list[bool],
+              outputs: dict[int, StepOutput]) -> None:
+        """Append tokens, applying stop ids / EOS / max_new_tokens / context / stop strings."""
+        sp = r.sampling
+        now = time.perf_counter()
+        if r.metrics.first_token is None:
+            r.metrics.first_token = now
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        kept: list[int] = []
+        reason = None
+        for tok in new:
+            kept.append(tok)
+            n_out = len(r.tokens) - len(r.prompt_ids) + len(kept)
+            if tok in stops:
+                reason = "stop"
+                break
+            if n_out >= sp.max_new_tokens or len(r.tokens) + len(kept) >= self.max_model_len:
+                reason = "length"
+                break
+        r.tokens.extend(kept)
+        r.emitted_from_draft.extend(from_draft[: len(kept)])
+        r.metrics.token_times.extend([now] * len(kept))
+        self.stats.generated_tokens += len(kept)
+        if reason is None and sp.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(r.output_ids)
+            for s in sp.stop:
+                if s in text:
+                    reason = "stop"
+                    break
+        prev = outputs.get(r.rid)
+        delta = (prev.new_token_ids if prev else []) + kept
+        if reason is not None:
+            self._finish(r, reason)
+        outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
+
+    def _finish(self, r: Request, reason: str) -> None:
+        assert self.scheduler is not None
+        r.finish_reason = reason
+        r.metrics.finished = time.perf_counter()
+        self.scheduler.finish(r)
+        if self.trace.enabled:
+            m = r.metrics
+            self.trace.emit(ev.RequestFinished(
+                t=time.perf_counter(), rid=r.rid, reason=reason, prompt_len=len(r.prompt_ids),
+                output_len=len(r.output_ids), verify_ct=m.verify_ct,
+                accept_lengths=list(m.accept_lengths), ttft_s=m.ttft if m.ttft else 0.0,
+                e2e_s=m.e2e or 0.0, error=r.error or ""))
+
+    # -- tracing helpers (only called when a tracer or hook is active) -------------------------
+    def _trace_draft_step(self, reqs: list[Request]) -> Callable[..., None]:
+        rids = [r.rid for r in reqs]
+
+        def on_step(depth: int, tokens: torch.Tensor, probs: torch.Tensor,
+                    parents: torch.Tensor) -> None:
+            self.trace.emit(ev.DraftStep(t=time.perf_counter(), step=self.step_id, rids=rids,
+                                         depth=depth, tokens=tokens.tolist(),
+                                         probs=probs.tolist(), parents=parents.tolist()))
+        return on_step
+
+    def _trace_verify(self, r: Request, tree: Any, i: int, res: Any, logits: torch.Tensor,
+                      new: list[int]) -> None:
+        now = time.perf_counter()
+        self.trace.emit(ev.TreeBuilt(t=now, step=self.step_id, rid=r.rid,
+                                     tokens=tree.tokens[i].tolist(),
+                                     parents=tree.parents[i].tolist(),
+                                     depth=tree.depth[i].tolist(),
+                                     scores=tree.scores[i].tolist(),
+                                     draft_probs=tree.draft_probs[i].tolist()))
+        probs = torch.softmax(logits, -1)
+        par = tree.parents[i].clamp(min=0)
+        tp = probs[par, tree.tokens[i]]
+        tp[0] = 1.0
+        m = int(res.accept_len[i])
+        self.trace.emit(ev.Verified(t=now, step=self.step_id, rid=r.rid,
+                                    target_tokens=res.target_tokens[i].tolist(),
+                                    target_probs=tp.tolist(),
+                                    accepted_path=res.accept_index[i, : m + 1].tolist(),
+                                    accepted_tokens=new, accept_length=len(new),
+                                    bonus_token=int(res.bonus[i])))
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3

@@ -1,0 +1,79 @@
+"""Preallocated paged KV pool. Slot of (request, position p) = blocks[p // page] * page + p % page.
+
+One block table per request serves both the target pool (L layers) and the draft pool (one
+layer): the draft's entry for position p lives in the same slot. Nothing is reallocated after
+init; acceptance compacts by index (STYLE.md item 9).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.errors import ConfigError
+
+
+class KVPool:
+    """k/v: (L, num_slots, Hkv, hd) preallocated; a free list of page-sized blocks."""
+
+    def __init__(self, num_blocks: int, page_size: int, layers: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: str,
+                 draft_shape: tuple[int, int] | None = None) -> None:
+        self.page_size = page_size
+        self.num_blocks = num_blocks
+        slots = num_blocks * page_size
+        self.k = torch.zeros(layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        if draft_shape is not None:
+            self.dk: torch.Tensor | None = torch.zeros(1, slots, *draft_shape, dtype=dtype,
+                                                       device=device)
+            self.dv: torch.Tensor | None = torch.zeros_like(self.dk)
+        else:
+            self.dk = self.dv = None
+        self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.k.nbytes + self.v.nbytes
+        if self.dk is not None and self.dv is not None:
+            n += self.dk.nbytes + self.dv.nbytes
+        return n
+
+    def blocks_needed(self, have: list[int], num_tokens: int) -> int:
+        return max(0, -(-num_tokens // self.page_size) - len(have))
+
+    def can_fit(self, have: list[int], num_tokens: int) -> bool:
+        return self.blocks_needed(have, num_tokens) <= len(self.free)
+
+    def reserve(self, blocks: list[int], num_tokens: int) -> None:
+        """Grow ``blocks`` in place to cover ``num_tokens`` positions (caller checked can_fit)."""
+        need = self.blocks_needed(blocks, num_tokens)
+        if need > len(self.free):
+            raise ConfigError(f"KV pool exhausted: need {need} blocks, {len(self.free)} free")
+        for _ in range(need):
+            blocks.append(self.free.pop())
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(reversed(blocks))
+        blocks.clear()
+
+    def trim(self, blocks: list[int], num_tokens: int) -> None:
+        """Return blocks beyond ``num_tokens`` positions (after rejected lookahead)."""
+        keep = -(-num_tokens // self.page_size)
+        while len(blocks) > keep:
+            self.free.append(blocks.pop())
+
+    def slots(self, blocks: list[int], start: int, end: int) -> torch.Tensor:
+        """Slot ids of positions [start, end): (end - start,) int64."""
+        pos = torch.arange(start, end)
+        table = torch.tensor(blocks, dtype=torch.int64)
+        return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
+        from workbench.kernels import compact_kv
+
+        compact_kv(self.k, self.v, src, dst)

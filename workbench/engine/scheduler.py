@@ -1,0 +1,106 @@
+"""Continuous batching: waiting queue, admission by KV budget, chunked prefill, preemption.
+
+Admission reserves the whole prefill (+1 for the first decode) so a half-prefilled request never
+waits on memory; decode growth that does not fit preempts the most recently admitted request
+(recompute: its KV is dropped and it re-prefills later — never a crash).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from workbench.core import Request, Status
+from workbench.engine.kv_cache import KVPool
+
+
+@dataclass
+class Schedule:
+    prefill: list[tuple[Request, int, int]]  # (request, start, end) token ranges this step
+    decode: list[Request]
+
+
+class Scheduler:
+    def __init__(self, pool: KVPool, max_batch_size: int, max_prefill_tokens: int) -> None:
+        self.pool = pool
+        self.max_batch = max_batch_size
+        self.max_prefill = max_prefill_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> Schedule:
+        # 1. Admit in arrival order while the batch and the pool allow.
+        while self.waiting and len(self.running) < self.max_batch:
+            req = self.waiting[0]
+            if not self.pool.can_fit(req.blocks, req.prefill_target + 1):
+                break
+            self.waiting.popleft()
+            self.pool.reserve(req.blocks, req.prefill_target + 1)
+            req.status = Status.RUNNING
+            self.running.append(req)
+        # 2. Chunked prefill within the token budget.
+        budget = self.max_prefill
+        prefill: list[tuple[Request, int, int]] = []
+        for req in self.running:
+            if req.in_prefill and budget > 0:
+                end = min(req.prefill_target, req.kv_len + budget)
+                prefill.append((req, req.kv_len, end))
+                budget -= end - req.kv_len
+        decode = [r for r in self.running if not r.in_prefill]
+        return Schedule(prefill, decode)
+
+    def ensure_decode_room(self, reqs: list[Request], lookahead: int) -> list[Request]:
+        """Reserve kv_len + lookahead positions for each request, preempting the newest
+        running requests when the pool is short. Returns the requests that still decode."""
+        keep = list(reqs)
+        i = 0
+        while i < len(keep):
+            req = keep[i]
+            need = req.kv_len + lookahead
+            while not self.pool.can_fit(req.blocks, need):
+                victim = self._newest_other(req)
+                if victim is None:
+                    return keep[:i]  # nothing left to preempt: this step runs with fewer
+                self.preempt(victim)
+                if victim in keep:
+                    j = keep.index(victim)
+                    keep.pop(j)
+                    if j < i:
+                        i -= 1
+            self.pool.reserve(req.blocks, need)
+            i += 1
+        return keep
+
+    def _newest_other(self, req: Request) -> Request | None:
+        for r in reversed(self.running):
+            if r is not req:
+                return r
+        return None
+
+    def preempt(self, req: Request) -> None:
+        """Recompute preemption: drop KV and draft state, requeue at the front."""
+        self.pool.release(req.blocks)
+        self.running.remove(req)
+        has_output = len(req.tokens) > len(req.prompt_ids)
+        req.prefill_target = len(req.tokens) - 1 if has_output else len(req.tokens)
+        req.sample_after_prefill = not has_output
+        req.kv_len = req.draft_len = 0
+        req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.status = Status.WAITING
+        req.metrics.preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request) -> None:
+        self.pool.release(req.blocks)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.status = Status.FINISHED

@@ -1,0 +1,66 @@
+"""Run the EAGLE-3 head to build draft trees for a batch of requests.
+
+Step 0 takes the top-K of the draft logits left by the last draft extend (position n−1 predicts
+the token after the root). Each of the S−1 further steps runs one draft forward over the K
+frontier nodes of every request, at position n−1+depth, feeding each node the pre-norm hidden
+state of its parent, attending to the draft prefix plus its own ancestors (TreeDraftAttention).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core import DraftTree
+from workbench.engine.attention import TreeDraftAttention
+from workbench.models.eagle3 import Eagle3Draft
+from workbench.spec.tree import build_tree, expand, select_frontier
+
+
+@torch.inference_mode()
+def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
+               root_tokens: torch.Tensor, root_pos: torch.Tensor,
+               prefix_slots: list[torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
+               num_steps: int, topk: int, num_draft_tokens: int,
+               on_step: object = None) -> DraftTree:
+    """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,);
+    prefix_slots: per request the draft-pool slots of positions [0, n). Returns the tree
+    (target-vocab ids). ``on_step(depth, tokens (B, K), probs (B, K), parents (B, K))`` is
+    called per step when given (tracing)."""
+    b = logits0.shape[0]
+    k = topk
+    logp = torch.log_softmax(logits0.float(), dim=-1)
+    f_ids, f_scores, f_lp = expand(torch.zeros(b, 1), logp.unsqueeze(1), k)  # (B, K)
+    cand_ids, cand_scores, cand_lp = [f_ids], [f_scores], [f_lp]
+    cand_parents = [torch.full((b, k), -1, dtype=torch.int64)]
+    f_cand = torch.arange(k).expand(b, k)  # candidate index of each frontier node
+    if callable(on_step):
+        on_step(1, draft.draft_to_target(f_ids), f_lp.exp(), cand_parents[0])
+    hidden = hidden0.unsqueeze(1).expand(b, k, -1)
+    attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots)
+    anc = torch.eye(k, dtype=torch.bool).expand(b, k, k)
+    rows = torch.arange(b).unsqueeze(1)
+    n_cand = k
+    for step in range(1, num_steps):
+        attn.set_frontier(anc)
+        pos = (root_pos - 1 + step).repeat_interleave(k)
+        logits, out = draft(draft.draft_to_target(f_ids).flatten(), hidden.reshape(b * k, -1),
+                            pos, attn)
+        lp = torch.log_softmax(logits, dim=-1).view(b, k, -1)
+        c_ids, c_scores, c_lp = expand(f_scores, lp, k)  # (B, K·K)
+        parents = f_cand.repeat_interleave(k, dim=1)
+        cand_ids.append(c_ids)
+        cand_scores.append(c_scores)
+        cand_lp.append(c_lp)
+        cand_parents.append(parents)
+        if callable(on_step):
+            on_step(step + 1, draft.draft_to_target(c_ids), c_lp.exp(), parents)
+        pick = select_frontier(c_scores, k)  # (B, K)
+        par = pick // k  # which frontier node each new frontier node descends from
+        f_ids, f_scores = c_ids[rows, pick], c_scores[rows, pick]
+        f_cand = n_cand + pick
+        n_cand += k * k
+        hidden = out.view(b, k, -1)[rows, par]
+        anc = torch.cat([anc[rows, par], torch.eye(k, dtype=torch.bool).expand(b, k, k)], 2)
+    tokens = draft.draft_to_target(torch.cat(cand_ids, 1))
+    return build_tree(root_tokens, tokens, torch.cat(cand_parents, 1), torch.cat(cand_scores, 1),
+                      torch.cat(cand_lp, 1), num_draft_tokens, root_pos)

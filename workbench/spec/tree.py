@@ -1,0 +1,91 @@
+"""EAGLE-2 dynamic draft tree as pure tensor functions (Li et al., 2024, "EAGLE-2").
+
+1. Depth 1: the draft's top-K tokens after the root, scored by log-prob.
+2. Each later step: every frontier node proposes its top-K children; a child's score is its
+   parent's score plus its own log-prob; the best K of the K² children become the new frontier.
+3. After S steps, rerank every candidate globally and keep the best N−1, then restore creation
+   order so parents precede children (a child never outscores its parent, and a stable sort
+   breaks ties by creation order, so every kept node's parent is kept).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.core import DraftTree
+
+
+def expand(frontier_scores: torch.Tensor, logp: torch.Tensor,
+           k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """frontier_scores (B, F), logp (B, F, Vd) → child draft ids (B, F·K), scores (B, F·K),
+    child log-probs (B, F·K). Children of frontier f occupy columns [f·K, (f+1)·K)."""
+    lp, ids = torch.topk(logp.clamp(max=0.0), k, dim=-1)  # (B, F, K)
+    scores = frontier_scores.unsqueeze(-1) + lp
+    return ids.flatten(1), scores.flatten(1), lp.flatten(1)
+
+
+def select_frontier(child_scores: torch.Tensor, k: int) -> torch.Tensor:
+    """child_scores (B, C) → indices (B, k) of the best k (stable: ties by creation order)."""
+    order = torch.sort(child_scores, dim=-1, descending=True, stable=True).indices
+    return order[:, :k]
+
+
+def build_tree(root_tokens: torch.Tensor, cand_tokens: torch.Tensor, cand_parents: torch.Tensor,
+               cand_scores: torch.Tensor, cand_logp: torch.Tensor, num_draft_tokens: int,
+               prefix_lens: torch.Tensor) -> DraftTree:
+    """Global rerank to N−1 candidates plus the root.
+
+    root_tokens (B,); cand_* (B, C) in creation order; cand_parents holds the candidate index
+    of each node's parent (-1 for children of the root); prefix_lens (B,) = position of the
+    root. Returns a DraftTree with N = num_draft_tokens nodes.
+    """
+    b, c = cand_tokens.shape
+    n = num_draft_tokens
+    keep = min(n - 1, c)
+    order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices[:, :keep]
+    chosen = torch.sort(order, dim=-1).values  # creation order ⇒ parents first
+    # Map candidate index → tree node index (root is node 0); unselected stay -1.
+    where = torch.full((b, c), -1, dtype=torch.int64)
+    where.scatter_(1, chosen, torch.arange(1, keep + 1).expand(b, keep))
+    par_cand = torch.gather(cand_parents, 1, chosen)
+    par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand),
+                           torch.gather(where, 1, par_cand.clamp(min=0)))
+    if bool((par_node < 0).any()):
+        raise AssertionError("draft tree: a selected node's parent was not selected")
+    tokens = torch.cat([root_tokens.view(b, 1), torch.gather(cand_tokens, 1, chosen)], 1)
+    parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64), par_node], 1)
+    scores = torch.cat([torch.zeros(b, 1), torch.gather(cand_scores, 1, chosen).float()], 1)
+    probs = torch.cat([torch.ones(b, 1), torch.gather(cand_logp, 1, chosen).float().exp()], 1)
+    return finish_tree(tokens, parents, scores, probs, prefix_lens)
+
+
+def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
+                probs: torch.Tensor, prefix_lens: torch.Tensor) -> DraftTree:
+    """Depth, positions, ancestor mask and retrieve paths from parent pointers (B, N)."""
+    b, n = tokens.shape
+    depth = torch.zeros(b, n, dtype=torch.int64)
+    mask = torch.zeros(b, n, n, dtype=torch.bool)
+    mask[:, 0, 0] = True
+    rows = torch.arange(b)
+    for i in range(1, n):  # parents precede children, so one pass suffices
+        p = parents[:, i]
+        depth[:, i] = depth[rows, p] + 1
+        mask[:, i] = mask[rows, p]
+        mask[:, i, i] = True
+    max_depth = int(depth.max()) if n else 0
+    # Node i's ancestors-or-self sorted by index are exactly its root→i path in depth order.
+    idx = torch.where(mask, torch.arange(n).expand(b, n, n), torch.full((), n))
+    retrieve = idx.sort(dim=-1).values[..., : max_depth + 1]
+    retrieve = retrieve.masked_fill(retrieve == n, -1)
+    return DraftTree(tokens=tokens, parents=parents, depth=depth,
+                     positions=prefix_lens.view(b, 1) + depth, mask=mask, scores=scores,
+                     draft_probs=probs, retrieve_index=retrieve)
+
+
+def chain_tree(root_tokens: torch.Tensor, chain_tokens: torch.Tensor,
+               prefix_lens: torch.Tensor) -> DraftTree:
+    """A chain (topk = 1): root followed by S tokens. chain_tokens (B, S)."""
+    b, s = chain_tokens.shape
+    tokens = torch.cat([root_tokens.view(b, 1), chain_tokens], 1)
+    parents = (torch.arange(s + 1) - 1).expand(b, s + 1).clone()
+    return finish_tree(tokens, parents, torch.zeros(b, s + 1), torch.ones(b, s + 1), prefix_lens)
