@@ -413,8 +413,9 @@ class Engine:
             decision = self._decide(len(decode))
             spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
             plain_reqs = [r for r in decode if r not in spec_reqs]
+            accepted: list[int] = []
             if spec_reqs:
-                spec_reqs = self._spec_step(spec_reqs, decision, outputs, phases)
+                spec_reqs, accepted = self._spec_step(spec_reqs, decision, outputs, phases)
                 mode = "spec"
             if plain_reqs:
                 self._plain_step(plain_reqs, outputs, phases)
@@ -422,7 +423,7 @@ class Engine:
             total = _ms(t_start)
             self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
             if self.spec is not None:
-                self.spec.policy.observe(decision, total, [])  # type: ignore[union-attr]
+                self.spec.policy.observe(decision, total, accepted)  # type: ignore[union-attr]
             if self.trace.enabled:
                 self._emit_step(decision, len(decode), mode, phases, total)
         elif sched.prefill:
@@ -578,13 +579,15 @@ class Engine:
 
     # -- speculative decode ------------------------------------------------------------------
     def _spec_step(self, reqs: list[Request], d: Decision, outputs: dict[int, StepOutput],
-                   phases: dict[str, float]) -> list[Request]:
+                   phases: dict[str, float]) -> tuple[list[Request], list[int]]:
+        """Returns the requests that speculated and their accepted draft tokens (bonus
+        excluded), for the policy's online acceptance estimates."""
         assert self.scheduler is not None and self.target is not None and self.pool is not None
         assert self.draft is not None and self.spec is not None
         n_nodes = d.num_draft_tokens
         reqs = self.scheduler.ensure_decode_room(reqs, n_nodes)
         if not reqs:
-            return []
+            return [], []
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
         t = time.perf_counter()
         self._draft_extend(reqs)
@@ -649,7 +652,7 @@ class Engine:
         t = time.perf_counter()
         self._draft_extend(keep)
         phases["extend"] = _ms(t)
-        return reqs
+        return reqs, res.accept_len.tolist()
 
     def _accept(self, reqs: list[Request], tree: Any, logits: torch.Tensor) -> Any:
         spec = self.spec

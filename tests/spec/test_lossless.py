@@ -1,0 +1,95 @@
+"""Greedy EAGLE-3 output equals greedy baseline output, token for token."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+
+CONFIGS = {
+    "chain S1": wb.SpecConfig(num_steps=1, topk=1),
+    "chain S3": wb.SpecConfig(num_steps=3, topk=1),
+    "chain S5": wb.SpecConfig(num_steps=5, topk=1),
+    "S5 K4 N16": wb.SpecConfig(num_steps=5, topk=4, num_draft_tokens=16),
+    "S6 K8 N32": wb.SpecConfig(num_steps=6, topk=8, num_draft_tokens=32),
+    "S3 K2 N6": wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6),
+}
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 30))] for _ in range(n)]
+
+
+@pytest.fixture(scope="module", params=["random_head"])
+def engine(request: pytest.FixtureRequest, micro_target: Path) -> wb.Engine:
+    head = request.getfixturevalue(request.param)
+    e = wb.Engine.from_pretrained(micro_target, draft=head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    yield e
+    e.close()
+
+
+def run_staggered(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
+                  spec: wb.SpecConfig | None, batch: int) -> list[list[int]]:
+    """At most ``batch`` requests in flight; new ones join as others finish (staggered)."""
+    engine.set_spec(spec)
+    try:
+        queue = list(enumerate(ps))
+        live: dict[int, int] = {}
+        out: dict[int, list[int]] = {}
+        while queue or live:
+            while queue and len(live) < batch:
+                i, p = queue.pop(0)
+                live[engine.add_request(p, sp)] = i
+                if len(live) < batch:
+                    engine.step()  # stagger: the next one arrives a step later
+            for o in engine.step():
+                if o.finished and o.rid in live:
+                    out[live.pop(o.rid)] = engine.output(o.rid).token_ids
+        return [out[i] for i in range(len(ps))]
+    finally:
+        engine.set_spec(None)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("batch", [1, 4, 13])
+def test_greedy_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -> None:
+    ps = prompts(13 if batch > 1 else 4, seed=batch)
+    sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
+    base = run_staggered(engine, ps, sp, None, batch)
+    spec = run_staggered(engine, ps, sp, CONFIGS[name], batch)
+    assert spec == base
+    assert engine.kv_usage()["used_blocks"] == 0
+
+
+def test_metrics_semantics(engine: wb.Engine) -> None:
+    sp = wb.SamplingParams(max_new_tokens=30, ignore_eos=True)
+    out = engine.generate([prompts(1)[0]], sp, spec=CONFIGS["S5 K4 N16"])[0]
+    m = out.metrics
+    assert m.verify_ct == len(m.accept_lengths) > 0
+    assert all(1 <= a <= 6 for a in m.accept_lengths)
+    # every verify step emits τ tokens; the first token comes from prefill
+    assert 1 + sum(m.accept_lengths) >= len(out.token_ids)
+    assert sum(out.from_draft) == sum(a - 1 for a in m.accept_lengths[: len(m.accept_lengths)]) \
+        or len(out.token_ids) == sp.max_new_tokens
+
+
+def test_simulated_accept_length_is_marked_not_lossless(engine: wb.Engine) -> None:
+    spec = wb.SpecConfig(num_steps=4, topk=1, simulate_accept_length=3.0)
+    out = engine.generate([[1, 2, 3]], wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
+                          spec=spec)[0]
+    assert out.lossless is False
+    assert 2.0 <= out.metrics.accept_length <= 4.0
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"num_steps": 0}, {"topk": 0}, {"num_steps": 3, "topk": 2, "num_draft_tokens": 8},
+    {"num_steps": 5, "topk": 1, "num_draft_tokens": 16}, {"draft_state": "lukewarm"},
+])
+def test_bad_spec_config(kwargs: dict) -> None:
+    with pytest.raises(wb.ConfigError, match="SpecConfig"):
+        wb.SpecConfig(**kwargs)
