@@ -208,7 +208,7 @@ def tree_speculative_sample(
 def compact_kv(
     k_pool: torch.Tensor, v_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor
 ) -> None:
-    """Move KV entries between slots of every layer, in place: ``pool[:, dst[i]] = pool[:, src[i]]``.
+    """Move KV entries between slots, all layers, in place: ``pool[:, dst[i]] = pool[:, src[i]]``.
 
     All sources are read before any destination is written (gather, then scatter), so the sets
     may overlap — as when an accepted path is packed to the front of its tree block.

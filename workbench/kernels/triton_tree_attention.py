@@ -48,7 +48,7 @@ def _tree_attention_kernel(
         return
     kv_len = tl.minimum(tl.load(kv_lens_ptr + b), lk_max)
 
-    # Row r of the tile is query qi = q_block*BLOCK_M + r // GROUP_PAD of head-in-group r % GROUP_PAD.
+    # Tile row r = query q_block*BLOCK_M + r // GROUP_PAD, head-in-group r % GROUP_PAD.
     r = tl.arange(0, ROWS)
     qi = q_block * BLOCK_M + r // GROUP_PAD
     g = r % GROUP_PAD
