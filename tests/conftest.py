@@ -1,0 +1,26 @@
+"""Session fixtures: a tiny corpus and a tiny trained target, built once per test run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
+
+from helpers import write_tiny_corpus, write_trained_target  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of a few small standard-library ``*.py`` files."""
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def micro_target(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path) -> Path:
+    """An 8-layer x 64 target (vocab 300) trained 200 steps on ``tiny_corpus``: an HF folder."""
+    root = tmp_path_factory.mktemp("micro_target")
+    write_trained_target(root / "model", tiny_corpus, root / "work")
+    return root / "model"

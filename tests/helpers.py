@@ -1,0 +1,75 @@
+"""Micro-model builders shared by the tests (CPU, seconds).
+
+* ``write_tiny_corpus``: a corpus folder of a few small standard-library files;
+* ``write_tokenizer``: a byte-level BPE tokenizer (the shipped target's recipe) for that corpus;
+* ``write_random_llama``: a random HF Llama folder written by transformers itself;
+* ``write_trained_target``: a tiny target trained by ``workbench.train.target``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Small, stable standard-library files (about 25 kB together).
+CORPUS_FILES = ("bisect.py", "colorsys.py", "fnmatch.py", "genericpath.py", "keyword.py",
+                "stat.py", "this.py")
+
+
+def write_tiny_corpus(folder: Path, files: tuple[str, ...] = CORPUS_FILES) -> Path:
+    """Copy ``files`` from the running interpreter's standard library into ``folder``."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        shutil.copy(stdlib / name, folder / name)
+    return folder
+
+
+def write_tokenizer(folder: Path, corpus: Path, vocab_size: int = 300) -> int:
+    """tokenizer.json + tokenizer_config.json trained on ``corpus``; returns the EOS id."""
+    from workbench.train.target import EOS, train_tokenizer
+
+    texts = [f.read_text() for f in sorted(corpus.rglob("*.py"))]
+    tok = train_tokenizer(texts, vocab_size)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS,
+        "unk_token": EOS, "add_bos_token": False, "clean_up_tokenization_spaces": False,
+    }))
+    return int(tok.token_to_id(EOS))
+
+
+def write_random_llama(folder: Path, *, vocab_size: int = 300, hidden: int = 32, layers: int = 7,
+                       heads: int = 4, kv_heads: int = 2, intermediate: int = 64,
+                       corpus: Path | None = None, seed: int = 0, **extra: Any) -> Path:
+    """A random ``LlamaForCausalLM`` saved with ``save_pretrained`` (plus a tokenizer when
+    ``corpus`` is given; its vocab must fit in ``vocab_size``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    eos = write_tokenizer(folder, corpus, vocab_size) if corpus is not None else 0
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, max_position_embeddings=512,
+                      bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **extra)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(str(folder))
+    return folder
+
+
+def write_trained_target(out: Path, corpus: Path, work: Path, **overrides: Any) -> dict[str, Any]:
+    """Train a tiny target (8 layers x 64, vocab 300) with the shipped recipe; returns its
+    training summary."""
+    from workbench.train.target import TargetTrainConfig, train_target
+
+    settings: dict[str, Any] = dict(
+        out=str(out), work=str(work), corpus=str(corpus), vocab_size=300, layers=8, hidden=64,
+        heads=4, kv_heads=2, intermediate=128, seq_len=64, batch=8, steps=200, lr=3e-3, warmup=5,
+        ckpt_every=100, eval_batches=2, threads=1, seed=0)
+    settings.update(overrides)
+    return train_target(TargetTrainConfig(**settings))

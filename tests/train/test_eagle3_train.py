@@ -1,0 +1,260 @@
+"""EAGLE-3 draft training: the training-time test unroll, the trainer, the exported checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from helpers import write_random_llama
+from safetensors import safe_open
+
+from workbench.errors import ConfigError
+from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
+from workbench.models.loader import load_eagle3, load_target
+from workbench.train.eagle3 import (
+    DraftTrainConfig,
+    build_draft_vocab,
+    target_features,
+    train_draft,
+    ttt_forward,
+    ttt_mask,
+    ttt_unroll,
+)
+
+VD = 128
+
+
+def micro_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> DraftTrainConfig:
+    settings: dict[str, Any] = dict(
+        target=str(target), out=str(tmp / "head"), work=str(tmp / "work"), corpus=str(corpus),
+        draft_vocab_size=VD, steps=60, batch=4, seq_len=48, lr=3e-3, warmup=5, ttt_steps=5,
+        regenerate=False, eval_batches=2, ckpt_every=20, threads=1)
+    settings.update(kw)
+    return DraftTrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, micro_target: Path,
+            tiny_corpus: Path) -> tuple[Path, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("draft")
+    cfg = micro_cfg(tmp, micro_target, tiny_corpus, regenerate=True, regen_sequences=16,
+                    regen_prompt_len=16, regen_batch=16)
+    return tmp / "head", train_draft(cfg)
+
+
+# -- pure pieces ------------------------------------------------------------------------------
+
+
+def test_ttt_mask_is_the_diagonal_chain() -> None:
+    assert torch.equal(ttt_mask(3, 0), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool())
+    # Step 2, row 3: step-0 keys at <= 1, step-1 key at 2, own key at 3.
+    m = ttt_mask(4, 2)
+    assert m.shape == (4, 12)
+    assert m[3].nonzero().flatten().tolist() == [0, 1, 4 + 2, 8 + 3]
+    assert bool(m.any(dim=1).all())  # no empty row, so attention never yields NaN
+
+
+def test_unroll_equals_an_inference_chain() -> None:
+    """Step j at row i must equal a draft run the inference way: step 0 causally over rows 0..s,
+    then j single-token steps fed back from s = i - j, each attending to the keys so far."""
+    cfg = Eagle3Config(hidden_size=16, target_hidden_size=24, intermediate_size=32,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=40,
+                       draft_vocab_size=20)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg, embed=torch.nn.Embedding(40, 16)).eval()
+    b, n, steps = 2, 9, 4
+    tokens = torch.randint(0, 40, (b, n))
+    hidden = draft.fuse_features(torch.randn(b, n, 72))
+    with torch.no_grad():
+        unrolled = list(ttt_unroll(draft, hidden, tokens, steps))
+        causal = torch.ones(n, n).tril().bool()
+        _, out0, k0, v0 = draft.forward_dense(tokens, hidden, torch.arange(n), causal)
+        for j in range(1, steps):
+            for s in range(n - j):
+                kk, vv, h = k0[:, : s + 1], v0[:, : s + 1], out0[:, s : s + 1]
+                for k in range(1, j + 1):
+                    p = s + k
+                    mask = torch.ones(1, kk.shape[1] + 1, dtype=torch.bool)
+                    lg, h, kn, vn = draft.forward_dense(tokens[:, p : p + 1], h,
+                                                        torch.tensor([p]), mask, kk, vv)
+                    kk, vv = torch.cat([kk, kn], 1), torch.cat([vv, vn], 1)
+                torch.testing.assert_close(unrolled[j][:, s + j], lg[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_ttt_loss_is_zero_for_a_perfect_draft() -> None:
+    cfg = Eagle3Config(hidden_size=16, target_hidden_size=16, intermediate_size=32,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=8, vocab_size=30,
+                       draft_vocab_size=30)
+    draft = Eagle3Draft(cfg, embed=torch.nn.Embedding(30, 16))
+    with torch.no_grad():
+        draft.lm_head.weight.zero_()  # uniform draft
+    tokens = torch.randint(0, 30, (2, 10))
+    loss, kl, acc = ttt_forward(draft, torch.randn(2, 10, 48), torch.zeros(2, 10, 30), tokens,
+                                ttt_steps=5, step_decay=0.8)
+    assert kl.shape == acc.shape == (5,)
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_draft_vocab_is_most_frequent_ids_sorted() -> None:
+    data = np.array([5, 5, 5, 2, 2, 9, 9, 9, 9, 0], dtype=np.uint16)
+    d2t, t2d = build_draft_vocab([data], vocab_size=12, draft_vocab_size=3)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert (torch.arange(3) + d2t).tolist() == [2, 5, 9]  # target ids ascending
+    assert t2d.nonzero().flatten().tolist() == [2, 5, 9]
+    assert bool((d2t >= 0).all())
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        build_draft_vocab([data], vocab_size=12, draft_vocab_size=13)
+
+
+def test_target_features_follow_aux_order(micro_target: Path) -> None:
+    target, mcfg, _ = load_target(micro_target)
+    x = torch.randint(0, mcfg.vocab_size, (1, 6))
+    _, taps = target_features(target, x, (5, 2, 5))
+    _, ref = target.forward_dense(x, (2, 5))
+    d = mcfg.hidden_size
+    assert taps.shape == (1, 6, 3 * d)
+    torch.testing.assert_close(taps[..., :d], ref[..., d:])  # type: ignore[index]
+    torch.testing.assert_close(taps[..., d : 2 * d], ref[..., :d])  # type: ignore[index]
+
+
+# -- the trainer ------------------------------------------------------------------------------
+
+
+def test_loss_falls_and_summary(trained: tuple[Path, dict[str, Any]]) -> None:
+    head, s = trained
+    hist = s["history"]
+    assert [h["step"] for h in hist] == [20, 40, 60]
+    assert hist[-1]["loss"] < 0.6 * hist[0]["loss"]
+    assert hist[-1]["acc"][0] > hist[0]["acc"][0]
+    assert s["steps"] == 60 and s["tokens"] == 60 * 4 * 47
+    assert s["regenerated_windows"] == 16
+    for split in ("train", "heldout", "heldout_regen"):
+        assert len(s[split]["loss"]) == len(s[split]["acc"]) == 5
+        assert all(0.0 <= a <= 1.0 for a in s[split]["acc"])
+    assert s["tokens_per_second"] > 0 and s["seconds"] > 0
+    assert json.loads((head / "training_summary.json").read_text())["steps"] == 60
+
+
+def test_checkpoint_has_the_standard_layout(trained: tuple[Path, dict[str, Any]],
+                                            micro_target: Path) -> None:
+    head, _ = trained
+    target, mcfg, _ = load_target(micro_target)
+    d, v = mcfg.hidden_size, mcfg.vocab_size
+    h, kv, hd, inter = (mcfg.num_attention_heads, mcfg.num_key_value_heads, mcfg.head_dim,
+                        mcfg.intermediate_size)
+    f32 = torch.float32
+    expected = {
+        "fc.weight": ([d, 3 * d], f32),
+        "midlayer.input_layernorm.weight": ([d], f32),
+        "midlayer.hidden_norm.weight": ([d], f32),
+        "midlayer.post_attention_layernorm.weight": ([d], f32),
+        "midlayer.self_attn.q_proj.weight": ([h * hd, 2 * d], f32),
+        "midlayer.self_attn.k_proj.weight": ([kv * hd, 2 * d], f32),
+        "midlayer.self_attn.v_proj.weight": ([kv * hd, 2 * d], f32),
+        "midlayer.self_attn.o_proj.weight": ([d, h * hd], f32),
+        "midlayer.mlp.gate_proj.weight": ([inter, d], f32),
+        "midlayer.mlp.up_proj.weight": ([inter, d], f32),
+        "midlayer.mlp.down_proj.weight": ([d, inter], f32),
+        "norm.weight": ([d], f32),
+        "lm_head.weight": ([VD, d], f32),
+        "d2t": ([VD], torch.int64),
+        "t2d": ([v], torch.bool),
+    }
+    with safe_open(str(head / "model.safetensors"), framework="pt") as f:
+        got = {k: (list(f.get_slice(k).get_shape()), f.get_tensor(k).dtype) for k in f.keys()}
+    assert got == expected
+    config = json.loads((head / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == VD and config["target_hidden_size"] == d
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(
+        mcfg.aux_layer_ids())
+    draft, layers = load_eagle3(head, target)
+    assert layers == mcfg.aux_layer_ids()
+    assert draft.embed is target.model.embed_tokens
+    assert int(draft.t2d.sum()) == VD
+
+
+def test_any_hf_llama_folder_with_regeneration(tmp_path: Path, tiny_corpus: Path) -> None:
+    target = write_random_llama(tmp_path / "hf", vocab_size=300, hidden=32, layers=7,
+                                corpus=tiny_corpus)
+    cfg = micro_cfg(tmp_path, target, tiny_corpus, steps=4, ckpt_every=2, seq_len=24,
+                    regenerate=True, regen_sequences=4, regen_prompt_len=8, regen_batch=4,
+                    regen_greedy_frac=0.5, eval_batches=1, draft_vocab_size=64)
+    s = train_draft(cfg)
+    assert s["aux_layer_ids"] == [2, 3, 4]
+    regen = np.load(tmp_path / "work" / "regen_train.npy")
+    assert regen.shape == (4, 24)
+    corpus = np.load(tmp_path / "work" / "corpus_train.npy")
+    prompt = regen[0, :8]  # each window starts with a prompt cut from the corpus
+    hits = [i for i in range(len(corpus) - 8) if np.array_equal(corpus[i : i + 8], prompt)]
+    assert hits
+    draft, _ = load_eagle3(tmp_path / "head", load_target(target)[0])
+    assert draft.config.draft_vocab_size == 64
+
+
+def test_resume_and_determinism(tmp_path: Path, micro_target: Path, tiny_corpus: Path) -> None:
+    a = train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus, steps=6, ckpt_every=3))
+    b = train_draft(micro_cfg(tmp_path / "b", micro_target, tiny_corpus, steps=6, ckpt_every=3))
+    assert a["history"][-1]["loss"] == b["history"][-1]["loss"]
+    with safe_open(str(tmp_path / "a" / "head" / "model.safetensors"), "pt") as fa, \
+            safe_open(str(tmp_path / "b" / "head" / "model.safetensors"), "pt") as fb:
+        for k in fa.keys():
+            assert torch.equal(fa.get_tensor(k), fb.get_tensor(k)), k
+    c = train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus, steps=9, ckpt_every=3))
+    assert [h["step"] for h in c["history"]] == [3, 6, 9]
+    assert c["history"][:2] == a["history"]  # loaded from the checkpoint, not re-run
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus, steps=12,
+                              draft_vocab_size=VD // 2))
+
+
+# -- errors name what differs -----------------------------------------------------------------
+
+
+def test_head_refuses_another_target(trained: tuple[Path, dict[str, Any]], tmp_path: Path,
+                                     micro_target: Path) -> None:
+    head, _ = trained
+    wider = write_random_llama(tmp_path / "wider", vocab_size=300, hidden=96)
+    with pytest.raises(ConfigError, match="target_hidden_size"):
+        load_eagle3(head, load_target(wider)[0])
+    bigger = write_random_llama(tmp_path / "bigger", vocab_size=320, hidden=64)
+    with pytest.raises(ConfigError, match="vocab_size"):
+        load_eagle3(head, load_target(bigger)[0])
+    bad = tmp_path / "bad_ids"
+    shutil.copytree(head, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 1, 99]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="eagle_aux_hidden_state_layer_ids"):
+        load_eagle3(bad, load_target(micro_target)[0])
+
+
+def test_config_errors_name_the_problem(tmp_path: Path, micro_target: Path,
+                                        tiny_corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="draft_vocab_size 301 > target vocab_size 300"):
+        train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, draft_vocab_size=301))
+    with pytest.raises(ConfigError, match="no_such_target"):
+        train_draft(micro_cfg(tmp_path, tmp_path / "no_such_target", tiny_corpus))
+    with pytest.raises(ConfigError, match="no_such_corpus"):
+        train_draft(micro_cfg(tmp_path, micro_target, tmp_path / "no_such_corpus"))
+    (tmp_path / "empty_corpus").mkdir()
+    with pytest.raises(ConfigError, match="empty_corpus"):
+        train_draft(micro_cfg(tmp_path, micro_target, tmp_path / "empty_corpus"))
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(micro_target, no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match="tokenizer.json"):
+        train_draft(micro_cfg(tmp_path, no_tok, tiny_corpus))
+    with pytest.raises(ConfigError, match="ttt_steps"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, ttt_steps=3)
+    with pytest.raises(ConfigError, match="seq_len"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, seq_len=6)
+    with pytest.raises(ConfigError, match="step_decay"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, step_decay=0.0)
+    with pytest.raises(ConfigError, match="regen_prompt_len"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, regenerate=True, regen_prompt_len=48)
