@@ -21,7 +21,7 @@ if not _CUDA:
 import pytest  # noqa: E402
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def triton_ready() -> None:
     """Skip without triton; fail loudly if triton was imported before TRITON_INTERPRET=1 on CPU."""
     pytest.importorskip("triton")
