@@ -13,9 +13,9 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 # Interpreted Triton takes ~ms per program: no deadline, few examples, reproducible runs, and no
 # .hypothesis/ database written into the work tree.
-FAST = settings(deadline=None, database=None, derandomize=True, max_examples=100,
+FAST = settings(deadline=None, database=None, derandomize=True, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-TRITON = settings(FAST, max_examples=12)
+TRITON = settings(FAST, max_examples=30)
 
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5},
        torch.float16: {"atol": 1e-3, "rtol": 1e-3},
