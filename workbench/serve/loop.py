@@ -1,0 +1,276 @@
+"""The engine loop: one thread owns the engine; every other thread sends it commands.
+
+The engine is not thread-safe, so ``add_request``/``step``/``abort`` and every read of engine
+state happen on this thread. Front ends talk to it through a FIFO of commands:
+
+- ``submit(prompt, sampling, sink)`` → the loop admits the request between two steps and answers
+  on ``sink`` with :class:`Admitted` or :class:`Rejected` (the engine's RequestError), then, for a
+  streaming request, one :class:`Chunk` per step that produced tokens, and always a final
+  ``Chunk(finished=True)`` carrying the engine's :class:`RequestOutput`;
+- ``abort(ticket)`` → the engine frees the request's KV now (a client went away);
+- ``call(fn)`` → ``fn(engine)`` runs between steps; its result comes back in a Future (metrics,
+  server info, KV usage).
+
+Commands are FIFO, so an abort always sees its own submit first. One loop iteration: drain the
+commands (block briefly when the engine is idle), then one ``engine.step()``.
+
+If ``engine.step()`` raises, the loop records the error, finishes every live request with
+``finish_reason="error"``, refuses new work (``error`` is set, the server's /health turns 503)
+and re-raises on its thread: a broken engine never keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from workbench.config import SamplingParams
+from workbench.core import RequestOutput
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Sink(Protocol):
+    """Where the loop sends a request's messages; ``put`` must be thread-safe and never block."""
+
+    def put(self, item: object) -> None: ...
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The engine queued the request as ``rid``; its prompt has ``prompt_tokens`` tokens."""
+
+    rid: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The engine refused the request; ``message`` names the field ("prompt: ...")."""
+
+    message: str
+    status: int = 400
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A request's cumulative output after a step. Final chunks carry the engine's output."""
+
+    token_ids: list[int]
+    text: str
+    verify_ct: int
+    finished: bool
+    finish_reason: str | None = None
+    error: str | None = None
+    output: RequestOutput | None = None
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One submitted request, as the loop tracks it. ``rid`` is set once admitted."""
+
+    prompt: str | list[int]
+    sampling: SamplingParams
+    sink: Sink
+    stream: bool
+    rid: int | None = None
+    done: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+class LoopClosed(RuntimeError):
+    """The loop is stopped or its engine failed; no new work is accepted."""
+
+
+class EngineLoop:
+    """Owns ``engine`` on one background thread (module doc). Start with :meth:`start`."""
+
+    def __init__(self, engine: Any, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self.error: str | None = None  # set when engine.step raised; the loop is then dead
+        self.prompt_tokens_total = 0
+        self.requests_total = 0
+        self.finished_total: dict[str, int] = {}
+        self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._live: dict[int, Ticket] = {}
+        self._lock = threading.Lock()  # guards _closed against a racing submit
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- any thread ------------------------------------------------------------------------
+    def start(self) -> EngineLoop:
+        if self._thread is not None:
+            raise RuntimeError("engine loop already started")
+        self._thread = threading.Thread(target=self._run, name="workbench-engine-loop",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._closed
+
+    @property
+    def num_running(self) -> int:
+        """Admitted requests not finished yet (waiting or running in the engine)."""
+        return len(self._live)
+
+    def submit(self, prompt: str | list[int], sampling: SamplingParams, sink: Sink,
+               stream: bool = False) -> Ticket:
+        """Queue a request for admission; answers arrive on ``sink`` (module doc)."""
+        ticket = Ticket(prompt, sampling, sink, stream)
+        self._put(("add", ticket))
+        return ticket
+
+    def abort(self, ticket: Ticket) -> None:
+        """Abort a submitted request (no-op once finished or if the loop is gone)."""
+        if ticket.done:
+            return
+        try:
+            self._put(("abort", ticket))
+        except LoopClosed:
+            pass  # the loop finished every request when it closed
+
+    def call(self, fn: Callable[[Any], T]) -> Future[T]:
+        """Run ``fn(engine)`` on the loop thread between steps."""
+        fut: Future[T] = Future()
+        self._put(("call", fn, fut))
+        return fut
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Abort every live request, stop the thread and wait for it (idempotent)."""
+        try:
+            self._put(("stop",))
+        except LoopClosed:
+            pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _put(self, cmd: tuple[Any, ...]) -> None:
+        with self._lock:
+            if self._closed:
+                raise LoopClosed(self.error or "engine loop is stopped")
+            self._cmds.put(cmd)
+
+    # -- loop thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self.engine.has_unfinished()):
+                if self.engine.has_unfinished():
+                    self._step()
+        except Exception as e:
+            self.error = f"engine loop failed: {type(e).__name__}: {e}"
+            log.exception("engine loop failed; finishing every live request with an error")
+            self._close(self.error)
+            raise
+        self._close(None)
+
+    def _drain(self, block: bool) -> bool:
+        """Run queued commands; False once asked to stop."""
+        try:
+            cmd = self._cmds.get(timeout=self.idle_wait_s) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if not self._run_command(cmd):
+                return False
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _run_command(self, cmd: tuple[Any, ...]) -> bool:
+        kind = cmd[0]
+        if kind == "add":
+            self._admit(cmd[1])
+        elif kind == "abort":
+            self._abort(cmd[1])
+        elif kind == "call":
+            fn, fut = cmd[1], cmd[2]
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.engine))
+                except Exception as e:  # noqa: BLE001 (handed to the caller, who re-raises it)
+                    fut.set_exception(e)
+        elif kind == "stop":
+            return False
+        return True
+
+    def _admit(self, t: Ticket) -> None:
+        try:
+            rid = self.engine.add_request(t.prompt, t.sampling)
+        except (ValueError, TypeError) as e:  # RequestError is a ValueError; bad input only
+            t.done = True
+            t.sink.put(Rejected(str(e)))
+            return
+        t.rid = rid
+        self._live[rid] = t
+        n = len(self.engine.output(rid).prompt_ids)
+        self.prompt_tokens_total += n
+        self.requests_total += 1
+        t.sink.put(Admitted(rid, n))
+
+    def _abort(self, t: Ticket) -> None:
+        if t.rid is None or t.rid not in self._live:
+            return
+        self.engine.abort(t.rid)
+        self._finish(t.rid, None)
+
+    def _step(self) -> None:
+        for o in self.engine.step():
+            t = self._live.get(o.rid)
+            if t is None:
+                continue
+            if o.finished:
+                self._finish(o.rid, o.error)
+            elif t.stream and o.new_token_ids:
+                out = self.engine.output(o.rid)
+                t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, False))
+        if self._live and not self.engine.has_unfinished():
+            # Safety net: the engine holds no work, so nothing live can progress any more.
+            for rid in list(self._live):
+                self._finish(rid, None)
+
+    def _finish(self, rid: int, error: str | None) -> None:
+        t = self._live.pop(rid)
+        out = self.engine.output(rid)
+        reason = out.finish_reason or "abort"
+        self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
+        # The engine keeps every request it has seen; the server forgets finished ones so a
+        # long-running server does not grow without bound (see the serve README note).
+        self.engine.requests.pop(rid, None)
+        t.done = True
+        t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, True, reason,
+                         error or out.error, out))
+
+    def _close(self, error: str | None) -> None:
+        """Refuse new work; finish live requests (aborted, or failed with ``error``)."""
+        with self._lock:
+            self._closed = True
+        for rid, t in list(self._live.items()):
+            if error is None:
+                self.engine.abort(rid)
+                self._finish(rid, None)
+            else:
+                self._live.pop(rid)
+                t.done = True
+                t.sink.put(Chunk([], "", 0, True, "error", error))
+        # Answer whatever was queued before _closed was set.
+        while True:
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] == "add":
+                cmd[1].done = True
+                cmd[1].sink.put(Rejected(error or "server is shutting down", status=503))
+            elif cmd[0] == "call" and cmd[2].set_running_or_notify_cancel():
+                cmd[2].set_exception(LoopClosed(error or "engine loop is stopped"))

@@ -1,0 +1,80 @@
+"""Prometheus text exposition of engine counters, with SGLang and vLLM metric names.
+
+:func:`snapshot` runs on the engine-loop thread (it reads engine state); :func:`render` turns the
+snapshot into the text format (version 0.0.4) on any thread. Names and meaning:
+
+- ``sglang:spec_accept_length`` (gauge): mean τ over every verify step, bonus token included;
+- ``sglang:spec_accept_rate`` (gauge): accepted draft tokens / drafted tokens;
+- ``sglang:num_running_reqs`` (gauge): admitted, unfinished requests (queued or decoding);
+- ``sglang:generation_tokens_total`` / ``sglang:prompt_tokens_total`` (counters);
+- ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position="i"}``
+  (counters; position i counts verify steps whose accepted path reached depth i+1);
+- ``workbench:kv_used_blocks`` / ``workbench:kv_total_blocks`` (gauges, pages of the KV pool).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (name, type, help); label-less unless noted in render().
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("sglang:spec_accept_length", "gauge",
+     "Mean accepted tokens per verify step, bonus token included."),
+    ("sglang:spec_accept_rate", "gauge", "Accepted draft tokens / drafted tokens."),
+    ("sglang:num_running_reqs", "gauge", "Admitted requests that have not finished."),
+    ("sglang:generation_tokens_total", "counter", "Generated tokens."),
+    ("sglang:prompt_tokens_total", "counter", "Prompt tokens of admitted requests."),
+    ("sglang:num_requests_total", "counter", "Admitted requests."),
+    ("vllm:spec_decode_num_drafts_total", "counter", "Verify steps (one draft tree each)."),
+    ("vllm:spec_decode_num_draft_tokens_total", "counter", "Drafted tokens (tree nodes)."),
+    ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Accepted draft tokens."),
+    ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+     "Accepted draft tokens per tree depth (position)."),
+    ("workbench:kv_used_blocks", "gauge", "KV pool pages in use."),
+    ("workbench:kv_total_blocks", "gauge", "KV pool pages."),
+    ("workbench:verify_steps_total", "counter", "Engine steps that speculated."),
+    ("workbench:plain_steps_total", "counter", "Engine decode steps without speculation."),
+)
+
+
+def snapshot(engine: Any, loop: Any) -> dict[str, Any]:
+    """Counters of ``engine`` and of the serving ``loop`` (call on the engine-loop thread)."""
+    st = engine.stats
+    kv = engine.kv_usage()
+    return {
+        "sglang:spec_accept_length": st.accept_length,
+        "sglang:spec_accept_rate": st.accept_rate,
+        "sglang:num_running_reqs": loop.num_running,
+        "sglang:generation_tokens_total": st.generated_tokens,
+        "sglang:prompt_tokens_total": loop.prompt_tokens_total,
+        "sglang:num_requests_total": loop.requests_total,
+        "vllm:spec_decode_num_drafts_total": st.num_drafts,
+        "vllm:spec_decode_num_draft_tokens_total": st.num_draft_tokens,
+        "vllm:spec_decode_num_accepted_tokens_total": st.num_accepted_tokens,
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total": list(st.accepted_per_pos),
+        "workbench:kv_used_blocks": kv["used_blocks"],
+        "workbench:kv_total_blocks": kv["total_blocks"],
+        "workbench:verify_steps_total": st.steps.get("spec", 0),
+        "workbench:plain_steps_total": st.steps.get("plain", 0),
+    }
+
+
+def _num(v: float | int) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(int(v))
+
+
+def render(snap: dict[str, Any], num_positions: int = 0) -> str:
+    """Prometheus text. Per-position counters cover at least ``num_positions`` positions (zeros
+    until a verify step reaches that depth), so dashboards see every series from the start."""
+    lines: list[str] = []
+    for name, kind, help_ in METRICS:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        v = snap[name]
+        if isinstance(v, list):
+            counts = list(v) + [0] * max(0, num_positions - len(v))
+            lines += [f'{name}{{position="{i}"}} {c}' for i, c in enumerate(counts)]
+        else:
+            lines.append(f"{name} {_num(v)}")
+    return "\n".join(lines) + "\n"
