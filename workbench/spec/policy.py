@@ -2,25 +2,63 @@
 
 A policy only chooses *whether/how much* to draft; verification keeps outputs identical to
 plain decoding either way, so flipping policies never changes greedy outputs.
+
+Each step the engine calls ``decide(PolicyContext)`` once for the running decode batch (requests
+still in prefill do not count), runs the step, then calls ``observe(decision, measured_ms,
+accepted)`` with the whole step's wall time and, per speculating request, the number of draft
+tokens it accepted (bonus excluded; empty on plain steps).
+
+* ``Always`` / ``Never``: the EAGLE-3 and K=0 arms.
+* ``BatchThreshold(n)``: SGLang's ``speculative_disable_batch_threshold`` style cut-off.
+* ``StepTable``: SGLang/vLLM-style tiers, one (S, K, N) or off per decode-batch range.
+* ``RandomFlip``: on/off at random every step (losslessness and stress tests).
+* ``Goodput``: per step, the (S, K, N) or off that maximises expected tokens/s under a measured
+  cost model and online per-depth acceptance estimates (with hysteresis and probing).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import bisect
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from workbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workbench.spec.costmodel import CostModel
+
+Shape = tuple[int, int, int]  # (S draft steps, K top-k, N verified nodes incl. the root)
 
 
 @dataclass(frozen=True)
 class PolicyContext:
+    """What a policy sees each step. ``num_steps/topk/num_draft_tokens`` are the SpecConfig's.
+
+    ``context_tokens`` is the mean KV length of the decode requests and ``draft_state`` the
+    SpecConfig's warm/cold setting; both have defaults so an engine that does not pass them
+    still works (cost predictions then ignore context length and assume a warm draft).
+    """
+
     step: int
     decode_batch: int  # running requests in decode (prefilling requests do not count)
     num_steps: int
     topk: int
     num_draft_tokens: int
+    context_tokens: int = 0
+    draft_state: str = "warm"
+
+    @property
+    def shape(self) -> Shape:
+        return (self.num_steps, self.topk, self.num_draft_tokens)
 
 
 @dataclass(frozen=True)
 class Decision:
+    """speculate=False is one plain decode step; otherwise draft a tree of (S, K, N)."""
+
     speculate: bool
     num_steps: int = 0
     topk: int = 0
@@ -28,11 +66,40 @@ class Decision:
     reason: str = ""
     predicted_ms: float = float("nan")
 
+    @property
+    def shape(self) -> Shape | None:
+        return (self.num_steps, self.topk, self.num_draft_tokens) if self.speculate else None
+
 
 class Policy(Protocol):
     def decide(self, ctx: PolicyContext) -> Decision: ...
 
     def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None: ...
+
+
+def check_shape(shape: Sequence[int], where: str) -> Shape:
+    """Validate one (S, K, N) with SpecConfig's rules; errors name ``where``."""
+    if len(shape) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
+        raise ConfigError(f"{where}: expected (num_steps, topk, num_draft_tokens) integers, "
+                          f"got {shape!r}")
+    s, k, n = shape
+    if s < 1 or k < 1 or n < 2:
+        raise ConfigError(f"{where}: need num_steps >= 1, topk >= 1, num_draft_tokens >= 2, "
+                          f"got {shape!r}")
+    if k == 1 and n != s + 1:
+        raise ConfigError(f"{where}: topk=1 (chain) forces num_draft_tokens = num_steps + 1 = "
+                          f"{s + 1}, got {n}")
+    if n > k * s + 1:
+        raise ConfigError(f"{where}: num_draft_tokens {n} > topk·num_steps+1 = {k * s + 1}")
+    return (s, k, n)
+
+
+def _spec(shape: Shape, reason: str, predicted_ms: float = float("nan")) -> Decision:
+    return Decision(True, *shape, reason=reason, predicted_ms=predicted_ms)
+
+
+def _name(shape: Shape | None) -> str:
+    return "off" if shape is None else "S{}K{}N{}".format(*shape)
 
 
 class _Stateless:
@@ -58,7 +125,10 @@ class Never(_Stateless):
 
 @dataclass(frozen=True)
 class BatchThreshold(_Stateless):
-    """No drafting when the running decode batch is > n (``spec_disable_batch_threshold``)."""
+    """No drafting when the running decode batch is > n (``spec_disable_batch_threshold``).
+
+    ``n = 0`` never speculates (a decode batch is at least 1).
+    """
 
     n: int
 
@@ -71,3 +141,259 @@ class BatchThreshold(_Stateless):
             return Decision(False, reason=f"decode batch {ctx.decode_batch} > {self.n}")
         return Decision(True, ctx.num_steps, ctx.topk, ctx.num_draft_tokens,
                         f"decode batch {ctx.decode_batch} <= {self.n}")
+
+
+@dataclass(frozen=True)
+class StepTable(_Stateless):
+    """Tiers by decode batch size (SGLang/vLLM style): ``{(lo, hi): (S, K, N) or None}``.
+
+    Ranges are inclusive; ``hi`` may be ``None`` or ``math.inf`` (open-ended). The tiers must
+    not overlap and must cover 1..inf (a gap raises ConfigError naming it); None = off.
+    Example: ``StepTable({(1, 4): (5, 4, 16), (5, 16): (3, 1, 4), (17, None): None})``.
+    """
+
+    tiers: Mapping[tuple[int, int | float | None], Sequence[int] | None]
+    _rows: tuple[tuple[int, float, Shape | None], ...] = field(init=False, repr=False,
+                                                                compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tiers, Mapping) or not self.tiers:
+            raise ConfigError("StepTable.tiers: expected a non-empty {(lo, hi): shape} mapping")
+        rows: list[tuple[int, float, Shape | None]] = []
+        for key, val in self.tiers.items():
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise ConfigError(f"StepTable.tiers: key {key!r} is not a (lo, hi) pair")
+            lo, hi = key
+            hi_f = math.inf if hi is None else hi
+            if not isinstance(lo, int) or isinstance(lo, bool) or lo < 1:
+                raise ConfigError(f"StepTable.tiers: tier {key!r}: lo must be an integer >= 1")
+            if not (hi_f == math.inf or (isinstance(hi_f, int) and not isinstance(hi_f, bool))) \
+                    or hi_f < lo:
+                raise ConfigError(f"StepTable.tiers: tier {key!r}: hi must be an integer >= lo, "
+                                  "None or math.inf")
+            shape = None if val is None else check_shape(tuple(val), f"StepTable tier {key!r}")
+            rows.append((lo, hi_f, shape))
+        rows.sort(key=lambda r: r[0])
+        if rows[0][0] > 1:
+            raise ConfigError(f"StepTable.tiers: gap: decode batch 1..{rows[0][0] - 1} is not "
+                              "covered")
+        for (lo0, hi0, _), (lo1, hi1, _) in zip(rows, rows[1:], strict=False):
+            if lo1 <= hi0:
+                raise ConfigError(f"StepTable.tiers: overlap: ({lo0}, {_fmt(hi0)}) and "
+                                  f"({lo1}, {_fmt(hi1)})")
+            if lo1 > hi0 + 1:
+                raise ConfigError(f"StepTable.tiers: gap: decode batch {int(hi0) + 1}..{lo1 - 1} "
+                                  "is not covered")
+        if rows[-1][1] != math.inf:
+            raise ConfigError(f"StepTable.tiers: gap: decode batch {int(rows[-1][1]) + 1}..inf is "
+                              "not covered (use hi=None for the last tier)")
+        object.__setattr__(self, "_rows", tuple(rows))
+
+    def lookup(self, decode_batch: int) -> Shape | None:
+        """The tier's shape for this batch size (None = off)."""
+        i = bisect.bisect_right([r[0] for r in self._rows], max(decode_batch, 1)) - 1
+        return self._rows[i][2]
+
+    def decide(self, ctx: PolicyContext) -> Decision:
+        i = bisect.bisect_right([r[0] for r in self._rows], max(ctx.decode_batch, 1)) - 1
+        lo, hi, shape = self._rows[i]
+        why = f"decode batch {ctx.decode_batch} in tier {lo}..{_fmt(hi)}"
+        return Decision(False, reason=why) if shape is None else _spec(shape, why)
+
+
+def _fmt(hi: float) -> str:
+    return "inf" if hi == math.inf else str(int(hi))
+
+
+class RandomFlip:
+    """Speculate with probability ``p`` each step, independently (seeded).
+
+    For losslessness tests and stress: every step is a potential on/off switch, which
+    exercises warm/cold draft catch-up. With ``shapes`` the speculative steps also pick a random
+    (S, K, N) from them (varying tree shapes step to step); otherwise the SpecConfig's.
+    """
+
+    def __init__(self, p: float = 0.5, seed: int = 0, shapes: Sequence[Sequence[int]] = ()) -> None:
+        if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"RandomFlip.p: must be in [0, 1], got {p!r}")
+        self.p = float(p)
+        self.seed = seed
+        self.shapes = tuple(check_shape(tuple(s), "RandomFlip.shapes") for s in shapes)
+        self.rng = random.Random(seed)
+        self.steps = self.spec_steps = self.flips = 0
+        self._last: bool | None = None
+
+    def __repr__(self) -> str:
+        return f"RandomFlip(p={self.p}, seed={self.seed}, shapes={self.shapes})"
+
+    def reset(self) -> None:
+        """Reseed and zero the counters (same sequence of decisions again)."""
+        self.rng = random.Random(self.seed)
+        self.steps = self.spec_steps = self.flips = 0
+        self._last = None
+
+    def decide(self, ctx: PolicyContext) -> Decision:
+        on = self.rng.random() < self.p
+        self.steps += 1
+        self.flips += int(self._last is not None and on != self._last)
+        self._last = on
+        if not on:
+            return Decision(False, reason="random off")
+        self.spec_steps += 1
+        shape = self.rng.choice(self.shapes) if self.shapes else ctx.shape
+        return _spec(shape, "random on")
+
+    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
+        """Nothing to learn."""
+
+
+class Goodput:
+    """Per step, the candidate (S, K, N) — or off — that maximises expected tokens/s.
+
+    Expected rate of a candidate at decode batch B: τ·B / spec_step_ms(B, S, K, N), where
+    τ = 1 + Σ_{d≤D} Π_{j≤d} a_j, D = min(S, N−1), and a_d is the online (EMA) estimate of
+    P(accept depth d | depth d−1 accepted). Off: B / plain_step_ms(B). Times come from
+    ``cost_model`` (see ``workbench.spec.costmodel``), refreshed online from measured steps.
+
+    Acceptance estimates are kept per top-K (tree width changes per-depth acceptance; depth
+    does not), starting at the optimistic ``prior_accept`` so unexplored shapes get tried. A
+    speculating request that accepted m tokens counts a success at depths 1..m and a failure at
+    depth m+1 when m < S; each depth's estimate moves by ``ema`` toward the step's batch rate.
+
+    Hysteresis: the choice changes only after ``min_dwell`` steps in the current one and when
+    the new one beats it by more than ``hysteresis`` (a fraction), so noisy timings do not
+    thrash. Probing: while off nothing is observed, so after ``probe_every`` consecutive off
+    steps one step speculates with the best-rated candidate (reason "probe"); its acceptance
+    updates the estimates and, if it recovered, the policy switches back on. Probing bounds the
+    cost of a stale "off" to one speculative step in ``probe_every + 1``; 0 disables it.
+    """
+
+    def __init__(self, cost_model: CostModel, candidates: Sequence[Sequence[int]] | None = None,
+                 ema: float = 0.1, min_dwell: int = 4, hysteresis: float = 0.05,
+                 prior_accept: float = 0.7, probe_every: int = 64) -> None:
+        if not 0.0 < ema <= 1.0:
+            raise ConfigError(f"Goodput.ema: must be in (0, 1], got {ema!r}")
+        if not isinstance(min_dwell, int) or min_dwell < 0:
+            raise ConfigError(f"Goodput.min_dwell: must be an integer >= 0, got {min_dwell!r}")
+        if not hysteresis >= 0.0:
+            raise ConfigError(f"Goodput.hysteresis: must be >= 0, got {hysteresis!r}")
+        if not 0.0 <= prior_accept <= 1.0:
+            raise ConfigError(f"Goodput.prior_accept: must be in [0, 1], got {prior_accept!r}")
+        if not isinstance(probe_every, int) or probe_every < 0:
+            raise ConfigError(f"Goodput.probe_every: must be an integer >= 0, got "
+                              f"{probe_every!r}")
+        self.cost_model = cost_model
+        self.candidates: tuple[Shape, ...] | None = None if candidates is None else tuple(
+            check_shape(tuple(c), f"Goodput.candidates[{i}]") for i, c in enumerate(candidates))
+        if self.candidates is not None and not self.candidates:
+            raise ConfigError("Goodput.candidates: empty (use None for the SpecConfig's shape)")
+        self.ema = ema
+        self.min_dwell = min_dwell
+        self.hysteresis = hysteresis
+        self.prior_accept = prior_accept
+        self.probe_every = probe_every
+        self.reset()
+
+    def __repr__(self) -> str:
+        return (f"Goodput(candidates={self.candidates}, ema={self.ema}, min_dwell="
+                f"{self.min_dwell}, hysteresis={self.hysteresis}, probe_every={self.probe_every})")
+
+    def reset(self) -> None:
+        """Forget acceptance estimates and the current choice (the cost model is kept)."""
+        self.accept: dict[int, list[float]] = {}  # topk → a_d for d = 1.. (index d−1)
+        self.current: Shape | None = None
+        self.started = False
+        self.dwell = 0  # steps spent in the current choice
+        self.off_run = 0  # consecutive off decisions since the last probe
+        self.switches = 0
+        self.probes = 0
+        self._pending: tuple[Decision, float, str] | None = None  # decision, raw ms, kind
+
+    # -- estimates -----------------------------------------------------------------------------
+    def acceptance(self, topk: int, depth: int) -> list[float]:
+        """Current a_1..a_depth for tree width ``topk`` (prior where never observed)."""
+        a = self.accept.setdefault(topk, [])
+        while len(a) < depth:
+            a.append(self.prior_accept)
+        return a[:depth]
+
+    def expected_tau(self, shape: Sequence[int]) -> float:
+        """τ = 1 + Σ_d Π_{j≤d} a_j over depths 1..min(S, N−1) (bonus token included)."""
+        s, k, n = shape
+        tau, p = 1.0, 1.0
+        for a in self.acceptance(k, min(s, n - 1)):
+            p *= a
+            tau += p
+        return tau
+
+    def rates(self, ctx: PolicyContext) -> dict[Shape | None, tuple[float, float]]:
+        """Option → (expected tokens/s, predicted step ms); None is off."""
+        b = max(ctx.decode_batch, 1)
+        c = ctx.context_tokens
+        cm = self.cost_model
+        plain = cm.plain_step_ms(b, c, warm=ctx.draft_state == "warm")
+        out: dict[Shape | None, tuple[float, float]] = {None: (1e3 * b / plain, plain)}
+        for shape in self.candidates or (ctx.shape,):
+            tau = self.expected_tau(shape)
+            ms = cm.spec_step_ms(b, *shape, tau=tau, context=c)
+            out[shape] = (1e3 * tau * b / ms, ms)
+        return out
+
+    # -- the policy ----------------------------------------------------------------------------
+    def decide(self, ctx: PolicyContext) -> Decision:
+        rates = self.rates(ctx)
+        best = max(rates, key=lambda o: rates[o][0])  # ties keep the first: off
+        cur = self.current
+        if not self.started or cur not in rates:
+            self._switch(best)
+        elif best != cur and self.dwell >= self.min_dwell and \
+                rates[best][0] > rates[cur][0] * (1.0 + self.hysteresis):
+            self._switch(best)
+        else:
+            self.dwell += 1
+        choice = self.current
+        why = f"goodput {_name(choice)} {rates[choice][0]:.0f} tok/s (best {_name(best)})"
+        if choice is None:
+            self.off_run += 1
+            if self.probe_every and self.off_run > self.probe_every:
+                self.off_run = 0
+                self.probes += 1
+                shape = max((o for o in rates if o is not None), key=lambda o: rates[o][0])
+                return self._remember(_spec(shape, f"probe after {self.probe_every} off steps",
+                                            rates[shape][1]), ctx)
+            return self._remember(Decision(False, reason=why, predicted_ms=rates[None][1]), ctx)
+        return self._remember(_spec(choice, why, rates[choice][1]), ctx)
+
+    def _switch(self, choice: Shape | None) -> None:
+        if self.started and choice != self.current:
+            self.switches += 1
+        self.started = True
+        self.current = choice
+        self.dwell = 1
+        self.off_run = 0
+
+    def _remember(self, d: Decision, ctx: PolicyContext) -> Decision:
+        """Keep the unscaled prediction so observe() can refresh the cost model's step scale."""
+        kind = "spec" if d.speculate else "plain"
+        scale = self.cost_model.scale[kind]
+        self._pending = (d, d.predicted_ms / scale if scale > 0 else d.predicted_ms, kind)
+        return d
+
+    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
+        if self._pending is not None and self._pending[0] is decision:
+            _, raw, kind = self._pending
+            self.cost_model.observe_step(kind, raw, measured_ms)
+        self._pending = None
+        if decision.speculate and accepted:
+            self.update_acceptance(decision.num_steps, decision.topk, accepted)
+
+    def update_acceptance(self, num_steps: int, topk: int, accepted: Sequence[int]) -> None:
+        """One step's batch: depth d has reached = #(m >= d−1), successes = #(m >= d)."""
+        a = self.acceptance(topk, num_steps)
+        full = self.accept[topk]
+        for d in range(1, num_steps + 1):
+            reached = sum(1 for m in accepted if m >= d - 1)
+            if not reached:
+                break
+            rate = sum(1 for m in accepted if m >= d) / reached
+            full[d - 1] = (1.0 - self.ema) * a[d - 1] + self.ema * rate

@@ -1,0 +1,194 @@
+"""``python -m workbench bench {spec,peers,concurrency,threshold}``: run, print, save.
+
+* spec: EAGLE-3 arms vs baseline at bs=1 (``workbench.bench.spec``);
+* peers: transformers generate / prompt lookup / assisted vs ours (``workbench.bench.peers``);
+* concurrency: closed-loop sweep over concurrency levels with the policy arms
+  (``workbench.bench.concurrency``), or against a running server with ``--url``
+  (``workbench.bench.http``);
+* threshold: baseline vs eagle3 sweep → crossover batch size and a suggested BatchThreshold(n).
+
+Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-prompts``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.errors import ConfigError
+
+QUICK_LEVELS = (1, 4, 16)
+
+
+def _prompts(ns: argparse.Namespace) -> list[str]:
+    from workbench.bench.workloads import PROMPTS_DIR, load_prompts
+
+    path = PROMPTS_DIR / "heldout.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"bench: no prompts at {path}; write them first with "
+                          "`python -m workbench make-prompts`")
+    limit = min(ns.prompts, 4) if ns.quick else ns.prompts
+    prompts = [p.prompt for p in load_prompts(limit=limit)]
+    if not prompts:
+        raise ConfigError(f"bench: {path} holds no prompts; rerun "
+                          "`python -m workbench make-prompts`")
+    return prompts
+
+
+def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64) -> Any:
+    import workbench as wb
+
+    target = Path(ns.model)
+    if not (target / "config.json").is_file():
+        raise ConfigError(f"bench: no target model at {target} (train one with "
+                          "`python -m workbench train-target`, or pass --model)")
+    draft = Path(ns.draft) if ns.draft else None
+    if draft is not None and not (draft / "config.json").is_file():
+        if need_draft:
+            raise ConfigError(f"bench {ns.which}: no draft model at {draft} (train one with "
+                              "`python -m workbench train-draft`, or pass --draft)")
+        print(f"note: no draft at {draft}; running the baseline only")
+        draft = None
+    cfg = wb.EngineConfig(max_batch_size=max(64, max_batch))
+    return wb.Engine.from_pretrained(target, draft=draft, config=cfg)
+
+
+def _show(title: str, df: pd.DataFrame) -> None:
+    print(f"\n{title}")
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+
+
+def _levels(ns: argparse.Namespace) -> tuple[int, ...]:
+    from workbench.bench.concurrency import LEVELS
+
+    return QUICK_LEVELS if ns.quick else LEVELS
+
+
+def _max_new(ns: argparse.Namespace) -> int:
+    return min(ns.max_new_tokens, 32) if ns.quick else ns.max_new_tokens
+
+
+def bench_spec(ns: argparse.Namespace) -> int:
+    from workbench.bench.spec import run_spec_bench
+
+    prompts = _prompts(ns)
+    engine = _engine(ns, need_draft=False)
+    try:
+        arms = None if engine.draft is not None else {"baseline": None}
+        res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=_max_new(ns))
+    finally:
+        engine.close()
+    _show("EAGLE-3 vs baseline, bs=1, greedy", res.summary)
+    print(f"\nresults: {res.save(ns.out)}")
+    return 0 if res.summary["lossless"].all() else 1
+
+
+def bench_peers(ns: argparse.Namespace) -> int:
+    import json
+
+    from workbench.bench.peers import run_peers
+    from workbench.config import SpecConfig
+
+    prompts = _prompts(ns)
+    engine = _engine(ns, need_draft=False)
+    try:
+        spec = SpecConfig() if engine.draft is not None else None
+        rows, summary, machine = run_peers(engine, prompts, max_new_tokens=_max_new(ns),
+                                           spec=spec)
+    finally:
+        engine.close()
+    _show("peers, bs=1, greedy (ratios vs hf generate)", summary)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out / "peers_per_prompt.csv", index=False)
+    summary.to_csv(out / "peers.csv", index=False)
+    (out / "peers.json").write_text(json.dumps(
+        {"machine": machine, "summary": json.loads(summary.to_json(orient="records"))},
+        indent=2) + "\n")
+    print(f"\nresults: {out / 'peers.json'}")
+    return 0
+
+
+def bench_concurrency(ns: argparse.Namespace) -> int:
+    if ns.url:
+        from workbench.bench import http  # written alongside the server; imported on demand
+
+        prompts = _prompts(ns)
+        res = http.run_http_bench(ns.url, prompts, levels=_levels(ns),
+                                  max_new_tokens=_max_new(ns), out=ns.out)
+        if isinstance(res, pd.DataFrame):
+            _show(f"HTTP concurrency sweep against {ns.url}", res)
+        saved = res.attrs.get("saved") if isinstance(res, pd.DataFrame) else None
+        if saved:
+            print(f"\nresults: {saved}")
+        return 0
+    from workbench.bench.concurrency import (
+        default_arms,
+        find_threshold,
+        run_concurrency,
+        summarize,
+        switch_costs,
+    )
+
+    prompts = _prompts(ns)
+    levels = _levels(ns)
+    engine = _engine(ns, need_draft=False, max_batch=max(levels))
+    try:
+        arms = default_arms(engine, flips=True)
+        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
+                             max_new_tokens=_max_new(ns), out=ns.out)
+    finally:
+        engine.close()
+    cols = ["arm", "concurrency", "tok_s", "vs_baseline", "ttft_p50_ms", "ttft_p99_ms",
+            "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tau", "spec_share",
+            "lossless"]
+    s = summarize(df)
+    _show("closed-loop concurrency sweep (greedy)", s[cols])
+    never = s[s["arm"] == "never"]
+    if not never.empty:
+        _show("K=0 tax (never vs baseline)", never[["concurrency", "k0_tax"]])
+    sc = switch_costs(df)
+    if not sc.empty:
+        _show("cost per switch: warm vs cold draft (RandomFlip p=0.5)", sc)
+    if {"baseline", "eagle3"} <= set(s["arm"]):
+        th = find_threshold(df)
+        print(f"\ncrossover: {th.crossover} · suggested BatchThreshold({th.suggested_n})")
+    print(f"\nresults: {df.attrs.get('saved')}")
+    lossless = s["lossless"].dropna()
+    return 0 if bool(lossless.all()) else 1
+
+
+def bench_threshold(ns: argparse.Namespace) -> int:
+    from workbench.bench.concurrency import find_threshold, run_concurrency
+    from workbench.config import SpecConfig
+
+    prompts = _prompts(ns)
+    levels = _levels(ns)
+    engine = _engine(ns, need_draft=True, max_batch=max(levels))
+    try:
+        df = run_concurrency(engine, prompts, levels=levels,
+                             arms={"baseline": None, "eagle3": SpecConfig()},
+                             max_new_tokens=_max_new(ns), out=ns.out, name="threshold")
+    finally:
+        engine.close()
+    th = find_threshold(df)
+    _show("baseline vs eagle3 output tok/s by concurrency", th.table)
+    where = "never (eagle3 wins at every level)" if th.crossover is None else \
+        f"at concurrency {th.crossover}"
+    print(f"\nbaseline catches up {where}; suggested BatchThreshold({th.suggested_n})")
+    print(f"results: {df.attrs.get('saved')}")
+    return 0
+
+
+COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,
+            "threshold": bench_threshold}
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Entry point of ``python -m workbench bench``: dispatch on ``ns.which``."""
+    if ns.which not in COMMANDS:
+        raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
+    return COMMANDS[ns.which](ns)

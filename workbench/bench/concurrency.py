@@ -1,0 +1,323 @@
+"""Closed-loop concurrency sweep: where does speculation stop paying, and what do policies buy?
+
+For each concurrency level c, every arm keeps c requests in flight (a new one joins as soon as
+one finishes) through ``add_request``/``step`` on one engine; the arms of a level run back to
+back (order rotated per repeat) so they share the machine's noise. One row per (arm, level):
+output tok/s, TTFT / TPOT / ITL p50 and p99, τ, share of decode steps that speculated, mean
+plain and speculative step times, and a token-for-token comparison with the baseline arm.
+
+Derived measurements:
+* **K=0 tax**: arm ``never`` (SpecConfig(policy=Never()): the speculative engine with drafting
+  off, warm draft) vs ``baseline`` → ``k0_tax = 1 − tok/s(never)/tok/s(baseline)``.
+* **cost per switch**: arms ``flip_warm`` / ``flip_cold`` (RandomFlip(0.5), warm vs cold draft)
+  → ``switch_extra_ms`` = mean ms of a speculative step right after an off step minus one right
+  after a speculative step (cold pays the draft catch-up there; warm pays a draft extend on
+  every plain step instead, visible in ``plain_ms``). See :func:`switch_costs`.
+* :func:`find_threshold`: the smallest level where baseline tok/s ≥ eagle3 tok/s, and the
+  suggested ``BatchThreshold(n)``.
+
+Steps that also ran a prefill chunk are excluded from the per-step times (not from tok/s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from workbench.bench.machine import machine_info
+from workbench.config import SamplingParams, SpecConfig
+from workbench.spec.policy import Always, BatchThreshold, Decision, Never, PolicyContext, RandomFlip
+
+Prompt = str | Sequence[int]
+LEVELS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class StepRecorder:
+    """Wraps a policy; records every decision with its decode batch, measured ms, accepted."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.rows: list[dict[str, Any]] = []
+        self._batch = 0
+
+    def decide(self, ctx: PolicyContext) -> Decision:
+        self._batch = ctx.decode_batch
+        return self.inner.decide(ctx)
+
+    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
+        self.rows.append({"batch": self._batch, "speculate": decision.speculate,
+                          "ms": measured_ms, "accepted": len(accepted), "reason": decision.reason})
+        self.inner.observe(decision, measured_ms, accepted)
+
+
+def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8,
+                 cost_model: Any = None, flips: bool = True) -> dict[str, SpecConfig | None]:
+    """baseline, eagle3 (Always), never (K=0 tax), threshold (BatchThreshold), goodput (with a
+    cost model calibrated now unless given) and the warm/cold RandomFlip pair. Without a draft
+    model only the baseline."""
+    if engine.draft is None:
+        return {"baseline": None}
+    from workbench.spec.costmodel import calibrate
+    from workbench.spec.policy import Goodput
+
+    spec = spec or SpecConfig()
+    shape = (spec.num_steps, spec.topk, spec.num_draft_tokens)
+    cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
+    arms: dict[str, SpecConfig | None] = {
+        "baseline": None,
+        "eagle3": dataclasses.replace(spec, policy=Always()),
+        "never": dataclasses.replace(spec, policy=Never()),
+        "threshold": dataclasses.replace(spec, policy=BatchThreshold(threshold)),
+        "goodput": dataclasses.replace(spec, policy=Goodput(cm.copy())),
+    }
+    if flips:
+        arms["flip_warm"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),
+                                                draft_state="warm")
+        arms["flip_cold"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),
+                                                draft_state="cold")
+    return arms
+
+
+@dataclass
+class _Run:
+    outputs: dict[int, list[int]]  # prompt index → output ids (first request that used it)
+    row: dict[str, Any]
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if len(xs) else float("nan")
+
+
+def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None,
+                 concurrency: int, num_requests: int, sp: SamplingParams) -> _Run:
+    """Keep ``concurrency`` requests in flight until ``num_requests`` have finished."""
+    rec = None
+    if spec is not None:
+        if hasattr(spec.policy, "reset"):
+            spec.policy.reset()  # every cell starts from the same policy state
+        rec = StepRecorder(spec.policy)
+        spec = dataclasses.replace(spec, policy=rec)
+    st = engine.stats
+    steps0 = dict(st.steps)
+    acc0 = len(st.accept_lengths)
+    previous = engine.spec
+    engine.set_spec(spec)
+    live: dict[int, int] = {}  # rid → prompt index
+    outputs: dict[int, list[int]] = {}
+    metrics = []
+    prefill_steps: set[int] = set()  # recorder row indices of steps that ran a prefill chunk
+    tokens = 0
+    t0 = time.perf_counter()
+    try:
+        nxt = 0
+        while nxt < num_requests or live:
+            while nxt < num_requests and len(live) < concurrency:
+                live[engine.add_request(prompts[nxt % len(prompts)], sp)] = nxt % len(prompts)
+                nxt += 1
+            prefilling = any(engine.requests[r].in_prefill for r in live)
+            n_rows = len(rec.rows) if rec is not None else 0
+            outs = engine.step()
+            if prefilling and rec is not None and len(rec.rows) > n_rows:
+                prefill_steps.add(len(rec.rows) - 1)
+            for o in outs:
+                if o.finished and o.rid in live:
+                    i = live.pop(o.rid)
+                    out = engine.output(o.rid)
+                    outputs.setdefault(i, out.token_ids)
+                    tokens += len(out.token_ids)
+                    metrics.append(out.metrics)
+        seconds = time.perf_counter() - t0
+    finally:
+        for rid in live:
+            engine.abort(rid)
+        engine.set_spec(previous)
+    ttft = [1e3 * m.ttft for m in metrics if m.ttft is not None]
+    tpot, itl = [], []
+    for m in metrics:
+        tt = m.token_times
+        if len(tt) > 1 and m.first_token is not None:
+            tpot.append(1e3 * (tt[-1] - m.first_token) / (len(tt) - 1))
+            # ITL between emissions: tokens of one verify step share a timestamp (one chunk).
+            gaps = np.diff(np.asarray(tt))
+            itl.extend((1e3 * gaps[gaps > 0]).tolist())
+    steps = {k: st.steps.get(k, 0) - steps0.get(k, 0) for k in ("plain", "spec")}
+    accepts = st.accept_lengths[acc0:]
+    row: dict[str, Any] = {
+        "concurrency": concurrency, "requests": len(metrics), "tokens": tokens,
+        "seconds": seconds, "tok_s": tokens / seconds if seconds > 0 else float("nan"),
+        "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
+        "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
+        "tau": float(np.mean(accepts)) if accepts else 1.0,
+        "spec_share": steps["spec"] / max(1, steps["spec"] + steps["plain"]),
+        "decode_steps": steps["spec"] + steps["plain"],
+    }
+    row.update(_step_times(rec, prefill_steps))
+    return _Run(outputs, row)
+
+
+def _step_times(rec: StepRecorder | None, skip: set[int]) -> dict[str, float]:
+    """Mean plain / spec step ms, switches, and the extra ms of a spec step after an off one."""
+    nan = float("nan")
+    if rec is None or not rec.rows:
+        return {"plain_ms": nan, "spec_ms": nan, "switches": 0, "switch_extra_ms": nan}
+    rows = rec.rows
+    plain = [r["ms"] for i, r in enumerate(rows) if not r["speculate"] and i not in skip]
+    spec = [r["ms"] for i, r in enumerate(rows) if r["speculate"] and i not in skip]
+    after_off, after_on = [], []
+    for i in range(1, len(rows)):
+        if rows[i]["speculate"] and i not in skip:
+            (after_on if rows[i - 1]["speculate"] else after_off).append(rows[i]["ms"])
+    switches = sum(1 for i in range(1, len(rows))
+                   if rows[i]["speculate"] != rows[i - 1]["speculate"])
+    extra = float(np.mean(after_off) - np.mean(after_on)) if after_off and after_on else nan
+    return {"plain_ms": float(np.mean(plain)) if plain else nan,
+            "spec_ms": float(np.mean(spec)) if spec else nan,
+            "switches": switches, "switch_extra_ms": extra}
+
+
+def run_concurrency(engine: Any, prompts: Sequence[Prompt],
+                    levels: Sequence[int] = LEVELS,
+                    arms: Mapping[str, SpecConfig | None] | None = None,
+                    max_new_tokens: int = 64, requests_per_level: int | None = None,
+                    repeats: int = 1, warmup: bool = True, out: str | Path | None = None,
+                    name: str = "concurrency", progress: bool = True) -> pd.DataFrame:
+    """Closed-loop sweep; one row per (arm, concurrency, repeat). Greedy, ``ignore_eos``.
+
+    ``arms`` default to :func:`default_arms`; put ``baseline`` (spec None) first so the others
+    can be compared with it token for token (column ``lossless``). ``requests_per_level``
+    defaults to max(2·c, len(prompts)). With ``out`` the table is saved there (CSV + JSON with
+    machine info); ``df.attrs`` holds machine info and the saved path.
+    """
+    if not prompts:
+        raise ValueError("run_concurrency: no prompts")
+    arms = dict(arms) if arms is not None else default_arms(engine)
+    sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    if warmup:  # allocator, rotary tables, first-call overheads
+        wsp = SamplingParams(max_new_tokens=min(8, max_new_tokens), ignore_eos=True)
+        for spec in arms.values():
+            _closed_loop(engine, prompts[:1], spec, 1, 1, wsp)
+    names = list(arms)
+    rows = []
+    cells = [(c, r) for c in levels for r in range(repeats)]
+    bar = tqdm(total=len(cells) * len(names), desc="bench concurrency", unit="run",
+               disable=not progress)
+    for c, r in cells:
+        n_req = requests_per_level or max(2 * c, len(prompts))
+        order = names[r % len(names):] + names[: r % len(names)] if r else names
+        if "baseline" in order:  # the reference outputs come first
+            order = ["baseline"] + [a for a in order if a != "baseline"]
+        ref: dict[int, list[int]] | None = None
+        for arm in order:
+            bar.set_postfix_str(f"c={c} {arm}")
+            run = _closed_loop(engine, prompts, arms[arm], c, n_req, sp)
+            if arm == "baseline":
+                ref = run.outputs
+            same = None if ref is None else all(
+                ref.get(i, ids) == ids for i, ids in run.outputs.items())
+            rows.append({"arm": arm, "repeat": r, **run.row, "lossless": same})
+            bar.update(1)
+    bar.close()
+    df = pd.DataFrame(rows)
+    df = _add_ratios(df)
+    df.attrs["machine"] = machine_info()
+    df.attrs["config"] = {"levels": list(levels), "max_new_tokens": max_new_tokens,
+                          "prompts": len(prompts), "repeats": repeats,
+                          "requests_per_level": requests_per_level,
+                          "arms": {k: repr(v) for k, v in arms.items()}}
+    if out is not None:
+        df.attrs["saved"] = str(save_results(df, out, name))
+    return df
+
+
+def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    base = df[df["arm"] == "baseline"].groupby("concurrency")["tok_s"].mean()
+    df["vs_baseline"] = df["tok_s"] / df["concurrency"].map(base)
+    df["k0_tax"] = np.where(df["arm"] == "never", 1.0 - df["vs_baseline"], np.nan)
+    return df
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean over repeats: one row per (arm, concurrency)."""
+    num = [c for c in df.columns if c not in ("arm", "concurrency", "repeat", "lossless")]
+    g = df.groupby(["arm", "concurrency"], sort=False)
+    s = g[num].mean()
+    s["lossless"] = g["lossless"].agg(lambda x: bool(x.dropna().all()) if x.notna().any()
+                                      else None)
+    return s.reset_index()
+
+
+def switch_costs(df: pd.DataFrame, warm: str = "flip_warm",
+                 cold: str = "flip_cold") -> pd.DataFrame:
+    """Per level: extra ms per switch-on (cold catch-up vs warm) and the plain-step ms each
+    pays. Warm keeps the draft current on every plain step; cold pays once per switch."""
+    s = summarize(df).set_index(["arm", "concurrency"])
+    rows = []
+    for c in sorted(df["concurrency"].unique()):
+        if (warm, c) not in s.index or (cold, c) not in s.index:
+            continue
+        w, k = s.loc[(warm, c)], s.loc[(cold, c)]
+        rows.append({"concurrency": c,
+                     "warm_switch_extra_ms": w["switch_extra_ms"],
+                     "cold_switch_extra_ms": k["switch_extra_ms"],
+                     "warm_plain_ms": w["plain_ms"], "cold_plain_ms": k["plain_ms"],
+                     "warm_tok_s": w["tok_s"], "cold_tok_s": k["tok_s"],
+                     "switches": w["switches"] + k["switches"]})
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """crossover: smallest level where baseline tok/s ≥ eagle3 tok/s (None: eagle3 always
+    wins); suggested_n: the largest level below it (0: never speculate), for BatchThreshold."""
+
+    crossover: int | None
+    suggested_n: int
+    table: pd.DataFrame
+
+
+def find_threshold(df: pd.DataFrame, spec_arm: str = "eagle3",
+                   baseline_arm: str = "baseline") -> Threshold:
+    s = summarize(df)
+    t = s.pivot(index="concurrency", columns="arm", values="tok_s")
+    if spec_arm not in t or baseline_arm not in t:
+        raise ValueError(f"find_threshold: need arms {baseline_arm!r} and {spec_arm!r}, have "
+                         f"{list(t.columns)}")
+    t = t[[baseline_arm, spec_arm]].sort_index()
+    t["speedup"] = t[spec_arm] / t[baseline_arm]
+    levels = list(t.index)
+    cross = next((int(c) for c in levels if t.loc[c, baseline_arm] >= t.loc[c, spec_arm]), None)
+    if cross is None:
+        n = int(levels[-1])
+    else:
+        below = [int(c) for c in levels if c < cross]
+        n = below[-1] if below else 0
+    return Threshold(cross, n, t.reset_index())
+
+
+def save_results(df: pd.DataFrame, folder: str | Path, name: str = "concurrency") -> Path:
+    """``<name>.csv`` (all rows) and ``<name>.json`` (machine, config, rows, derived tables)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / f"{name}.csv", index=False)
+    doc: dict[str, Any] = {"machine": df.attrs.get("machine", machine_info()),
+                           "config": df.attrs.get("config", {}),
+                           "rows": json.loads(df.to_json(orient="records"))}
+    arms = set(df["arm"])
+    if {"baseline", "eagle3"} <= arms:
+        th = find_threshold(df)
+        doc["threshold"] = {"crossover": th.crossover, "suggested_n": th.suggested_n}
+    sc = switch_costs(df)
+    if not sc.empty:
+        doc["switch_costs"] = json.loads(sc.to_json(orient="records"))
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out / f"{name}.json"

@@ -1,0 +1,348 @@
+"""Step-time cost model for speculation policies: linear in tokens, fitted from measurements.
+
+A forward over T new tokens whose requests hold C tokens of context each costs
+
+    ms = a + b·T + c·T·C/1000
+
+(weights read once per forward → a; per-token matmuls → b; attention reads → c). Two such
+components — the target forward (with the LM head) and one draft forward — compose a step:
+
+    plain step (batch B)     = target(B) + [warm draft] draft(B) + plain_overhead(B)
+    spec step (B, S, K, N, τ) = target(B·N) + (S−1)·draft(B·K) + draft(B·τ) + spec_overhead(B)
+
+(tree step 0 reuses the logits of the last extend; steps 1..S−1 run the draft over the K
+frontier nodes of every request; the extend after verify feeds τ accepted tokens per request).
+The overheads (schedule, sampling, tree build, accept/commit bookkeeping) are fitted from
+residuals of whole measured steps. ``fit`` takes samples; ``calibrate`` measures an engine;
+``observe``/``observe_step`` refresh the model online with an EMA of measured/predicted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.errors import ConfigError
+
+KINDS = ("target", "draft", "plain_overhead", "spec_overhead")
+STEP_KINDS = ("plain", "spec")
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """ms = a + b·tokens + c·tokens·context/1000 (never below 0)."""
+
+    a: float = 0.0
+    b: float = 0.0
+    c: float = 0.0
+
+    def __call__(self, tokens: float, context: float = 0.0) -> float:
+        return max(0.0, self.a + self.b * tokens + self.c * tokens * context / 1e3)
+
+    @classmethod
+    def fit(cls, tokens: Sequence[float], ms: Sequence[float],
+            context: Sequence[float] | None = None) -> LinearCost:
+        """Least squares. Columns that do not vary (one token count, one context) are dropped:
+        their coefficient is 0 and the intercept absorbs them."""
+        t = np.asarray(tokens, dtype=np.float64)
+        y = np.asarray(ms, dtype=np.float64)
+        ctx = np.zeros_like(t) if context is None else np.asarray(context, dtype=np.float64)
+        if t.size == 0 or t.shape != y.shape or ctx.shape != t.shape:
+            raise ConfigError(f"LinearCost.fit: need equal, non-empty tokens/ms/context, got "
+                              f"{t.size}/{y.size}/{ctx.size}")
+        cols = {"a": np.ones_like(t)}
+        if np.unique(t).size > 1:
+            cols["b"] = t
+        if np.unique(ctx).size > 1:
+            cols["c"] = t * ctx / 1e3
+        x = np.stack(list(cols.values()), axis=1)
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        return cls(**{k: float(v) for k, v in zip(cols, coef, strict=True)})
+
+
+@dataclass(frozen=True)
+class CostSample:
+    """One measurement. kind: target | draft (one forward of ``tokens`` new tokens) or
+    plain_overhead | spec_overhead (``tokens`` = decode batch, ms = step minus components)."""
+
+    kind: str
+    tokens: float
+    ms: float
+    context: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"CostSample.kind: {self.kind!r} not in {KINDS}")
+
+
+@dataclass
+class CostModel:
+    """Predicts plain and speculative step times; ``scale`` holds online EMA corrections.
+
+    ``scale["target"|"draft"]`` multiply the components (refreshed by ``observe``);
+    ``scale["plain"|"spec"]`` multiply whole steps (refreshed by ``observe_step``).
+    """
+
+    target: LinearCost
+    draft: LinearCost = LinearCost()
+    plain_overhead: LinearCost = LinearCost()
+    spec_overhead: LinearCost = LinearCost()
+    ema: float = 0.1
+    scale: dict[str, float] = field(
+        default_factory=lambda: {k: 1.0 for k in ("target", "draft", *STEP_KINDS)})
+
+    # -- fitting -------------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, samples: Iterable[CostSample], ema: float = 0.1) -> CostModel:
+        """Least-squares fit per kind; kinds without samples cost 0. Needs target samples."""
+        by: dict[str, list[CostSample]] = {k: [] for k in KINDS}
+        for s in samples:
+            by[s.kind].append(s)
+        if not by["target"]:
+            raise ConfigError("CostModel.fit: no 'target' samples")
+        fitted = {k: LinearCost.fit([s.tokens for s in v], [s.ms for s in v],
+                                    [s.context for s in v]) if v else LinearCost()
+                  for k, v in by.items()}
+        return cls(**fitted, ema=ema)
+
+    # -- predictions ---------------------------------------------------------------------------
+    def target_ms(self, tokens: float, context: float = 0.0) -> float:
+        return self.target(tokens, context) * self.scale["target"]
+
+    def draft_ms(self, tokens: float, context: float = 0.0) -> float:
+        return self.draft(tokens, context) * self.scale["draft"]
+
+    def plain_step_ms(self, batch: int, context: float = 0.0, warm: bool = True,
+                      scaled: bool = True) -> float:
+        ms = self.target_ms(batch, context) + self.plain_overhead(batch)
+        if warm:
+            ms += self.draft_ms(batch, context)
+        return max(ms, 1e-6) * (self.scale["plain"] if scaled else 1.0)
+
+    def spec_step_ms(self, batch: int, num_steps: int, topk: int, num_draft_tokens: int,
+                     tau: float = 1.0, context: float = 0.0, scaled: bool = True) -> float:
+        ms = (self.target_ms(batch * num_draft_tokens, context)
+              + (num_steps - 1) * self.draft_ms(batch * topk, context)
+              + self.draft_ms(batch * tau, context) + self.spec_overhead(batch))
+        return max(ms, 1e-6) * (self.scale["spec"] if scaled else 1.0)
+
+    # -- online refresh ------------------------------------------------------------------------
+    def observe(self, kind: str, tokens: float, ms: float, context: float = 0.0) -> None:
+        """A measured forward (kind target | draft, ``tokens`` new tokens) or plain step (kind
+        plain, ``tokens`` = batch, warm draft): EMA of measured/predicted into ``scale``."""
+        if kind == "plain":
+            self.observe_step("plain", self.plain_step_ms(int(tokens), context, scaled=False),
+                              ms)
+            return
+        if kind not in ("target", "draft"):
+            raise ConfigError(f"CostModel.observe: kind {kind!r} not target/draft/plain "
+                              "(use observe_step for spec steps)")
+        raw = getattr(self, kind)(tokens, context)
+        self._update(kind, raw, ms)
+
+    def observe_step(self, kind: str, predicted_raw_ms: float, ms: float) -> None:
+        """A whole plain/spec step took ``ms`` where the unscaled prediction (``scaled=False``)
+        was ``predicted_raw_ms``: EMA of the ratio into ``scale[kind]``."""
+        if kind not in STEP_KINDS:
+            raise ConfigError(f"CostModel.observe_step: kind {kind!r} not plain/spec")
+        self._update(kind, predicted_raw_ms, ms)
+
+    def _update(self, key: str, raw: float, ms: float) -> None:
+        if not (raw > 0 and ms > 0 and np.isfinite(raw) and np.isfinite(ms)):
+            return
+        # Clipped: one step that also ran a prefill chunk must not swing the model.
+        ratio = min(max(ms / raw, 0.25 * self.scale[key]), 4.0 * self.scale[key])
+        self.scale[key] = (1.0 - self.ema) * self.scale[key] + self.ema * ratio
+
+    # -- persistence ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {k: vars(getattr(self, k)) for k in KINDS}
+        d["ema"] = self.ema
+        d["scale"] = dict(self.scale)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        m = cls(**{k: LinearCost(**d[k]) for k in KINDS if k in d}, ema=d.get("ema", 0.1))
+        m.scale.update(d.get("scale", {}))
+        return m
+
+    def copy(self) -> CostModel:
+        """A fresh copy (own scales): give each policy instance its own."""
+        return replace(self, scale=dict(self.scale))
+
+
+# -- calibration against a live engine ---------------------------------------------------------
+def _sync(device: str) -> None:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class _Recorder:
+    """Forwards to ``inner`` and records (decode batch, decision, measured ms, accepted)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.batch = 0
+        self.rows: list[tuple[int, Any, float, list[int]]] = []
+
+    def decide(self, ctx: Any) -> Any:
+        self.batch = ctx.decode_batch
+        return self.inner.decide(ctx)
+
+    def observe(self, decision: Any, measured_ms: float, accepted: list[int]) -> None:
+        self.rows.append((self.batch, decision, measured_ms, list(accepted)))
+        self.inner.observe(decision, measured_ms, accepted)
+
+
+@torch.inference_mode()
+def _time_forwards(engine: Any, batch: int, q: int, context: int, repeats: int,
+                   draft: bool) -> float:
+    """Min ms of one target (or draft) forward over ``batch`` requests × ``q`` new tokens at
+    ``context`` tokens of history, on scratch KV blocks that are released afterwards."""
+    pool, dev = engine.pool, engine.config.device
+    blocks: list[list[int]] = [[] for _ in range(batch)]
+    try:
+        for bl in blocks:
+            pool.reserve(bl, context + q)
+        write = torch.cat([pool.slots(bl, context, context + q) for bl in blocks]).to(dev)
+        kv = [pool.slots(bl, 0, context + q).to(dev) for bl in blocks]
+        vocab = engine.model_config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(1, vocab, (batch * q,), generator=g).to(dev)
+        positions = torch.arange(context, context + q).repeat(batch).to(dev)
+        if draft:
+            d = engine.draft
+            hidden = torch.randn(batch * q, d.config.hidden_size, generator=g).to(
+                device=dev, dtype=d.lm_head.weight.dtype)
+
+            def run() -> None:
+                engine.draft_attn.plan(write, [q] * batch, kv)
+                d(tokens, hidden, positions, engine.draft_attn)
+        else:
+            def run() -> None:
+                engine.attn.plan(write, [q] * batch, kv)
+                h, _ = engine.target(tokens, positions, engine.attn, engine.aux_layers)
+                engine.target.logits(h)
+        best = float("inf")
+        for _ in range(repeats + 1):  # +1: the first call pays allocator/first-use costs
+            _sync(dev)
+            t0 = time.perf_counter()
+            run()
+            _sync(dev)
+            best = min(best, (time.perf_counter() - t0) * 1e3)
+        return best
+    finally:
+        for bl in blocks:
+            pool.release(bl)
+
+
+def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 2,
+              context: int = 128, contexts: Sequence[int] | None = None,
+              shape: Sequence[int] = (5, 4, 16), steps: bool = True,
+              step_batches: Sequence[int] | None = None, step_tokens: int = 6,
+              ema: float = 0.1, progress: bool = False) -> CostModel:
+    """Measure ``engine`` and fit a CostModel.
+
+    1. Components on scratch KV (released afterwards, nothing stays allocated): the target
+       forward + LM head over B·1 and B·N new tokens, the draft forward over B·1 and B·K, for B
+       in ``batch_sizes`` and every context in ``contexts`` (default: ``(context,)``; give two
+       or more to fit the attention term c). Each point is the min of ``repeats`` runs.
+    2. With ``steps``: short greedy ``generate`` runs (plain via ``Never``, speculative via
+       ``Always`` at ``shape``) at ``step_batches`` (default: up to 3 of ``batch_sizes``);
+       each measured step minus its predicted components is an overhead sample.
+    The engine's stats are restored afterwards.
+    """
+    from tqdm.auto import tqdm
+
+    from workbench.config import SamplingParams, SpecConfig
+    from workbench.spec.policy import Always, Never, check_shape
+
+    s, k, n = check_shape(tuple(shape), "calibrate.shape")
+    ctxs = tuple(contexts or (context,))
+    has_draft = engine.draft is not None and engine.draft_attn is not None
+    free_tokens = len(engine.pool.free) * engine.pool.page_size
+    bs = [b for b in batch_sizes if b * (-(-(max(ctxs) + n) // engine.pool.page_size)) *
+          engine.pool.page_size <= free_tokens]
+    if not bs:
+        raise ConfigError("calibrate: the KV pool has no room for the smallest batch")
+    points = [(c, b, q, False) for c in ctxs for b in bs for q in (1, n)]
+    if has_draft:
+        points += [(c, b, q, True) for c in ctxs for b in bs for q in sorted({1, k})]
+    samples: list[CostSample] = []
+    for c, b, q, is_draft in tqdm(points, desc="calibrate", unit="pt", disable=not progress):
+        ms = _time_forwards(engine, b, q, c, repeats, is_draft)
+        samples.append(CostSample("draft" if is_draft else "target", b * q, ms, c))
+    model = CostModel.fit(samples, ema=ema)
+    if not steps:
+        return model
+    stats = engine.stats
+    engine.stats = type(stats)()
+    try:
+        sb = list(step_batches or bs[:: max(1, len(bs) // 3)][:3])
+        sb = [b for b in sb if b <= engine.config.max_batch_size]
+        vocab = engine.model_config.vocab_size
+        g = torch.Generator().manual_seed(1)
+        sp = SamplingParams(max_new_tokens=step_tokens, ignore_eos=True)
+        kinds = ("plain", "spec") if has_draft else ("plain",)
+        for b in tqdm(sb, desc="calibrate steps", unit="batch", disable=not progress):
+            prompts = [torch.randint(1, vocab, (context,), generator=g).tolist()
+                       for _ in range(b)]
+            for kind in kinds:
+                spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n,
+                                  policy=Never() if kind == "plain" else Always()) \
+                    if has_draft else None
+                for batch, d, ms, acc in _measure_steps(engine, prompts, sp, spec)[1:]:
+                    # (the first decode step pays first-use costs)
+                    if d is None or not d.speculate:
+                        pred = model.plain_step_ms(batch, context, warm=has_draft, scaled=False)
+                    else:
+                        tau = 1.0 + (sum(acc) / len(acc) if acc else 0.0)
+                        pred = model.spec_step_ms(batch, d.num_steps, d.topk, d.num_draft_tokens,
+                                                  tau, context, scaled=False)
+                    samples.append(CostSample(f"{kind}_overhead", batch, ms - pred, context))
+    finally:
+        engine.stats = stats
+    return CostModel.fit(samples, ema=ema)
+
+
+def _measure_steps(engine: Any, prompts: list[list[int]], sp: Any,
+                   spec: Any) -> list[tuple[int, Any, float, list[int]]]:
+    """Run ``prompts`` together; per pure decode step (no prefill chunk): (decode batch,
+    decision or None when spec is None, wall ms, accepted per speculating request)."""
+    rec = None
+    if spec is not None:
+        rec = _Recorder(spec.policy)
+        spec = replace(spec, policy=rec)
+    previous = engine.spec
+    engine.set_spec(spec)
+    rows: list[tuple[int, Any, float, list[int]]] = []
+    rids: list[int] = []
+    try:
+        rids.extend(engine.add_request(p, sp) for p in prompts)
+        live = set(rids)
+        while live:
+            prefilling = any(engine.requests[r].in_prefill for r in live)
+            decoding = sum(1 for r in live if not engine.requests[r].in_prefill)
+            n_rec = len(rec.rows) if rec is not None else 0
+            t0 = time.perf_counter()
+            outs = engine.step()
+            ms = (time.perf_counter() - t0) * 1e3
+            live -= {o.rid for o in outs if o.finished}
+            if prefilling or not decoding:
+                continue
+            if rec is not None and len(rec.rows) > n_rec:
+                batch, d, ms_rec, acc = rec.rows[-1]
+                rows.append((batch, d, ms_rec, acc))
+            elif rec is None:
+                rows.append((decoding, None, ms, []))
+    finally:
+        for r in rids:  # no-op for finished ones; frees KV if a step raised
+            engine.abort(r)
+        engine.set_spec(previous)
+    return rows
