@@ -61,8 +61,8 @@ def _launch_copy(
 ) -> None:
     """Copy rows between (L, rows, row_elems)-strided K/V buffers; None rows = identity."""
     layers = src[0].shape[0]
-    block_c = min(triton.next_power_of_2(row_elems), 1024)
-    block_r = min(triton.next_power_of_2(n_rows), max(1, 4096 // block_c))
+    block_c = max(16, min(triton.next_power_of_2(row_elems), 1024))
+    block_r = max(2, min(triton.next_power_of_2(n_rows), 4096 // block_c))
     index = src_rows if src_rows is not None else dst_rows
     assert index is not None
     grid = (triton.cdiv(n_rows, block_r), layers, triton.cdiv(row_elems, block_c))

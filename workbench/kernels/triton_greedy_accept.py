@@ -73,6 +73,6 @@ def greedy_accept_triton(
         accept_index, accept_len, bonus,
         nodes,
         candidates.stride(0), parents.stride(0), target_predict.stride(0), accept_index.stride(0),
-        BLOCK_N=triton.next_power_of_2(nodes),
+        BLOCK_N=max(16, triton.next_power_of_2(nodes)),
     )
     return accept_index, accept_len, bonus

@@ -106,11 +106,11 @@ def _tree_sample_kernel(
         first = tl.minimum(first, tl.min(tl.where((cdf > u) & (p > 0.0), offs, vocab), 0))
         last_nonzero = tl.maximum(last_nonzero, tl.max(tl.where(p > 0.0, offs, -1), 0))
         running = tl.max(cdf, 0)
-    token = tl.where(first < vocab, first, tl.maximum(last_nonzero, 0))
+    bonus_token = tl.where(first < vocab, first, tl.maximum(last_nonzero, 0))
 
     tl.store(accept_index_ptr + b * stride_ab + offs_n, path, mask=offs_n < n_nodes)
     tl.store(accept_len_ptr + b, depth)
-    tl.store(bonus_ptr + b, token.to(tl.int64))
+    tl.store(bonus_ptr + b, bonus_token.to(tl.int64))
 
 
 def tree_speculative_sample_triton(
@@ -146,9 +146,10 @@ def tree_speculative_sample_triton(
     bonus = torch.empty(batch, dtype=torch.int64, device=device)
     if batch == 0:
         return accept_index, accept_len, bonus
-    block_n = triton.next_power_of_2(nodes)
-    # The rejected-token compare is a (BLOCK_V, BLOCK_N) tile: keep it at <= 16k elements.
-    block_v = min(triton.next_power_of_2(vocab), max(16, 16384 // block_n), 2048)
+    # Blocks of >= 16 lanes (no degenerate 1-wide layouts). The rejected-token compare is a
+    # (BLOCK_V, BLOCK_N) tile: keep it at <= 16k elements.
+    block_n = max(16, triton.next_power_of_2(nodes))
+    block_v = max(16, min(triton.next_power_of_2(vocab), 16384 // block_n, 2048))
     _tree_sample_kernel[(batch,)](
         candidates, parents, target_probs, coins, final_u,
         accept_index, accept_len, bonus,
