@@ -209,17 +209,16 @@ class LlamaForCausalLM(nn.Module):
         m = self.model
         x = m.embed_tokens(tokens)
         cos, sin = m.rotary_emb.cos_sin(positions, x.dtype)
-        taps: list[torch.Tensor] = []
+        taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(m.layers):
             if i in aux_layers:
-                taps.append(x)
+                taps[i] = x
             a = layer.self_attn
             q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
             o = attn.run(i, q, k, v)  # (T, H, hd)
             x = x + a.o_proj(o.flatten(-2))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        aux = torch.cat(taps, dim=-1) if taps else None
-        return m.norm(x), aux
+        return m.norm(x), gather_taps(taps, aux_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (T, D) → logits (T, V) in float32."""
@@ -235,10 +234,10 @@ class LlamaForCausalLM(nn.Module):
         x = m.embed_tokens(input_ids)
         pos = torch.arange(t, device=input_ids.device)
         cos, sin = m.rotary_emb.cos_sin(pos, x.dtype)
-        taps: list[torch.Tensor] = []
+        taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(m.layers):
             if i in aux_layers:
-                taps.append(x)
+                taps[i] = x
             a = layer.self_attn
             q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
             o = F.scaled_dot_product_attention(
@@ -247,8 +246,12 @@ class LlamaForCausalLM(nn.Module):
             ).transpose(1, 2)
             x = x + a.o_proj(o.flatten(-2))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        aux = torch.cat(taps, dim=-1) if taps else None
-        return self.lm_head(m.norm(x)), aux
+        return self.lm_head(m.norm(x)), gather_taps(taps, aux_layers)
+
+
+def gather_taps(taps: dict[int, torch.Tensor], aux_layers: Sequence[int]) -> torch.Tensor | None:
+    """Concatenate taps in ``aux_layers`` order (ids may repeat or be unsorted): (..., n·D)."""
+    return torch.cat([taps[i] for i in aux_layers], dim=-1) if aux_layers else None
 
 
 def init_weights(model: nn.Module, std: float = 0.02, seed: int = 0) -> None:
