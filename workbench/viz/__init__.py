@@ -1,0 +1,8 @@
+"""Visualization: trace DataFrames → plotly figures (``figures``), ipywidgets panels
+(``widgets``), and the models the notebooks run on (``demo_models``).
+
+Import the submodules directly (``from workbench.viz import figures``): plotly and ipywidgets
+are only needed by the notebooks extra, so importing ``workbench`` never pulls them in.
+"""
+
+from __future__ import annotations
