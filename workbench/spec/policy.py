@@ -258,14 +258,17 @@ class Goodput:
     Acceptance estimates are kept per top-K (tree width changes per-depth acceptance; depth
     does not), starting at the optimistic ``prior_accept`` so unexplored shapes get tried. A
     speculating request that accepted m tokens counts a success at depths 1..m and a failure at
-    depth m+1 when m < S; each depth's estimate moves by ``ema`` toward the step's batch rate.
+    depth m+1 when m < S. Each depth's estimate averages the prior (as one pseudo-observation)
+    with the steps' batch rates — a running mean for the first 1/ema steps, then an EMA with
+    weight ``ema`` — so a handful of steps overrides the prior and later drift is tracked.
 
     Hysteresis: the choice changes only after ``min_dwell`` steps in the current one and when
     the new one beats it by more than ``hysteresis`` (a fraction), so noisy timings do not
     thrash. Probing: while off nothing is observed, so after ``probe_every`` consecutive off
     steps one step speculates with the best-rated candidate (reason "probe"); its acceptance
     updates the estimates and, if it recovered, the policy switches back on. Probing bounds the
-    cost of a stale "off" to one speculative step in ``probe_every + 1``; 0 disables it.
+    cost of a stale "off" to one speculative step in ``probe_every + 1``; 0 disables it. A
+    policy that starts off probes on its first step (it has measured nothing yet).
     """
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Sequence[int]] | None = None,
@@ -301,10 +304,11 @@ class Goodput:
     def reset(self) -> None:
         """Forget acceptance estimates and the current choice (the cost model is kept)."""
         self.accept: dict[int, list[float]] = {}  # topk → a_d for d = 1.. (index d−1)
+        self.observed: dict[int, list[int]] = {}  # topk → steps that reached depth d
         self.current: Shape | None = None
         self.started = False
         self.dwell = 0  # steps spent in the current choice
-        self.off_run = 0  # consecutive off decisions since the last probe
+        self.off_run = self.probe_every  # off decisions since the last probe (start: probe)
         self.switches = 0
         self.probes = 0
         self._pending: tuple[Decision, float, str] | None = None  # decision, raw ms, kind
@@ -365,12 +369,12 @@ class Goodput:
         return self._remember(_spec(choice, why, rates[choice][1]), ctx)
 
     def _switch(self, choice: Shape | None) -> None:
-        if self.started and choice != self.current:
-            self.switches += 1
+        if self.started:
+            self.switches += int(choice != self.current)
+            self.off_run = 0
         self.started = True
         self.current = choice
         self.dwell = 1
-        self.off_run = 0
 
     def _remember(self, d: Decision, ctx: PolicyContext) -> Decision:
         """Keep the unscaled prediction so observe() can refresh the cost model's step scale."""
@@ -389,11 +393,16 @@ class Goodput:
 
     def update_acceptance(self, num_steps: int, topk: int, accepted: Sequence[int]) -> None:
         """One step's batch: depth d has reached = #(m >= d−1), successes = #(m >= d)."""
-        a = self.acceptance(topk, num_steps)
-        full = self.accept[topk]
+        self.acceptance(topk, num_steps)
+        a = self.accept[topk]
+        seen = self.observed.setdefault(topk, [])
+        while len(seen) < num_steps:
+            seen.append(0)
         for d in range(1, num_steps + 1):
             reached = sum(1 for m in accepted if m >= d - 1)
             if not reached:
                 break
             rate = sum(1 for m in accepted if m >= d) / reached
-            full[d - 1] = (1.0 - self.ema) * a[d - 1] + self.ema * rate
+            seen[d - 1] += 1
+            w = max(self.ema, 1.0 / (seen[d - 1] + 1))  # the prior counts as one observation
+            a[d - 1] = (1.0 - w) * a[d - 1] + w * rate

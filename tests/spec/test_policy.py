@@ -1,0 +1,386 @@
+"""Speculation policies, the cost model and the concurrency bench (CPU, synthetic + micro engine).
+
+Synthetic tests drive ``decide``/``observe`` by hand with a known cost model; engine tests use
+the micro target with a random head (outputs are checked in test_policy_lossless.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import workbench as wb
+from workbench.bench.concurrency import find_threshold, run_concurrency, summarize, switch_costs
+from workbench.spec.costmodel import CostModel, CostSample, LinearCost, calibrate
+from workbench.spec.policy import (
+    Always,
+    BatchThreshold,
+    Decision,
+    Goodput,
+    Never,
+    PolicyContext,
+    RandomFlip,
+    StepTable,
+)
+
+
+def ctx(batch: int, step: int = 0, shape: tuple[int, int, int] = (5, 4, 16)) -> PolicyContext:
+    return PolicyContext(step, batch, *shape)
+
+
+# -- BatchThreshold, Always, Never --------------------------------------------------------------
+@pytest.mark.parametrize(("n", "batch", "speculate"), [
+    (4, 1, True), (4, 4, True), (4, 5, False), (1, 1, True), (1, 2, False), (0, 1, False),
+    (0, 64, False),
+])
+def test_threshold_edges(n: int, batch: int, speculate: bool) -> None:
+    d = BatchThreshold(n).decide(ctx(batch))
+    assert d.speculate is speculate
+    if speculate:
+        assert (d.num_steps, d.topk, d.num_draft_tokens) == (5, 4, 16)
+
+
+def test_threshold_rejects_negative() -> None:
+    with pytest.raises(ValueError, match="BatchThreshold.n"):
+        BatchThreshold(-1)
+
+
+def test_always_never() -> None:
+    assert Always().decide(ctx(64)).shape == (5, 4, 16)
+    assert Never().decide(ctx(1)).speculate is False
+
+
+# -- StepTable ----------------------------------------------------------------------------------
+TIERS = {(1, 4): (5, 4, 16), (5, 16): (3, 1, 4), (17, None): None}
+
+
+@pytest.mark.parametrize(("batch", "shape"), [
+    (1, (5, 4, 16)), (4, (5, 4, 16)), (5, (3, 1, 4)), (16, (3, 1, 4)), (17, None), (10_000, None),
+])
+def test_step_table_lookup(batch: int, shape: tuple[int, int, int] | None) -> None:
+    table = StepTable(TIERS)
+    d = table.decide(ctx(batch))
+    assert d.shape == shape == table.lookup(batch)
+    assert "tier" in d.reason
+
+
+def test_step_table_accepts_inf_and_unordered_keys() -> None:
+    table = StepTable({(9, math.inf): None, (1, 8): (2, 2, 4)})
+    assert table.lookup(8) == (2, 2, 4) and table.lookup(9) is None
+
+
+@pytest.mark.parametrize(("tiers", "match"), [
+    ({(1, 4): (5, 4, 16), (6, None): None}, r"gap: decode batch 5\.\.5"),
+    ({(2, None): None}, r"gap: decode batch 1\.\.1"),
+    ({(1, 4): None, (5, 9): None}, r"gap: decode batch 10\.\.inf"),
+    ({(1, 4): None, (4, None): None}, r"overlap: \(1, 4\) and \(4, inf\)"),
+    ({(1, None): (5, 1, 16)}, "chain"),
+    ({(1, None): (2, 2, 9)}, "num_draft_tokens"),
+    ({(0, None): None}, "lo must be"),
+    ({(5, 2): None}, "hi must be"),
+    ({}, "non-empty"),
+])
+def test_step_table_validation(tiers: dict, match: str) -> None:
+    with pytest.raises(wb.ConfigError, match=match):
+        StepTable(tiers)
+
+
+# -- RandomFlip ---------------------------------------------------------------------------------
+def test_random_flip() -> None:
+    assert not any(RandomFlip(0.0).decide(ctx(1)).speculate for _ in range(50))
+    assert all(RandomFlip(1.0).decide(ctx(1)).speculate for _ in range(50))
+    a, b = RandomFlip(0.5, seed=3), RandomFlip(0.5, seed=3)
+    seq = [a.decide(ctx(1)).speculate for _ in range(200)]
+    assert seq == [b.decide(ctx(1)).speculate for _ in range(200)]
+    assert 60 < sum(seq) < 140 and a.flips > 50
+    a.reset()
+    assert [a.decide(ctx(1)).speculate for _ in range(200)] == seq
+    shapes = [(1, 1, 2), (3, 2, 6)]
+    f = RandomFlip(1.0, seed=0, shapes=shapes)
+    got = {f.decide(ctx(1)).shape for _ in range(50)}
+    assert got == set(shapes)
+    with pytest.raises(wb.ConfigError, match="RandomFlip.p"):
+        RandomFlip(1.5)
+
+
+# -- cost model -----------------------------------------------------------------------------------
+def test_linear_fit_recovers_a_b() -> None:
+    rng = np.random.default_rng(0)
+    t = np.repeat([1, 2, 4, 8, 16, 32, 64, 128], 3).astype(float)
+    ms = 2.0 + 0.03 * t + rng.normal(0, 0.01, t.size)
+    fit = LinearCost.fit(t, ms)
+    assert fit.a == pytest.approx(2.0, abs=0.02) and fit.b == pytest.approx(0.03, abs=1e-3)
+    assert fit.c == 0.0  # one context: no attention term
+    ctxs = np.tile([64.0, 512.0], t.size // 2 + 1)[: t.size]
+    ms2 = 2.0 + 0.03 * t + 0.02 * t * ctxs / 1e3
+    fit2 = LinearCost.fit(t, ms2, ctxs)
+    assert (fit2.a, fit2.b, fit2.c) == pytest.approx((2.0, 0.03, 0.02), abs=1e-6)
+    one = LinearCost.fit([8, 8], [1.0, 3.0])  # one token count: the mean, no slope
+    assert (one.a, one.b) == pytest.approx((2.0, 0.0))
+
+
+def test_cost_model_fit_and_compose() -> None:
+    samples = [CostSample("target", t, 1.0 + 0.05 * t) for t in (1, 4, 16, 64)]
+    samples += [CostSample("draft", t, 0.3 + 0.01 * t) for t in (1, 4, 16, 64)]
+    samples += [CostSample("spec_overhead", b, 0.5 + 0.1 * b) for b in (1, 4, 16)]
+    cm = CostModel.fit(samples)
+    assert cm.target.a == pytest.approx(1.0) and cm.draft.b == pytest.approx(0.01)
+    assert cm.plain_overhead == LinearCost()
+    b, s, k, n, tau = 4, 5, 4, 16, 2.0
+    want = (1.0 + 0.05 * b * n) + (s - 1) * (0.3 + 0.01 * b * k) + (0.3 + 0.01 * b * tau) \
+        + (0.5 + 0.1 * b)
+    assert cm.spec_step_ms(b, s, k, n, tau) == pytest.approx(want)
+    assert cm.plain_step_ms(b, warm=True) == pytest.approx(1.2 + 0.34)
+    assert cm.plain_step_ms(b, warm=False) == pytest.approx(1.2)
+    assert CostModel.from_dict(json.loads(json.dumps(cm.to_dict()))) == cm
+    with pytest.raises(wb.ConfigError, match="target"):
+        CostModel.fit([CostSample("draft", 1, 1.0)])
+    with pytest.raises(wb.ConfigError, match="kind"):
+        CostSample("verify", 1, 1.0)
+
+
+def test_cost_model_online_ema() -> None:
+    cm = CostModel(target=LinearCost(a=1.0), ema=0.5)
+    cm.observe("target", 10, 2.0)  # measured twice the prediction
+    assert cm.scale["target"] == pytest.approx(1.5)
+    assert cm.target_ms(10) == pytest.approx(1.5)
+    for _ in range(30):
+        cm.observe_step("spec", 4.0, 2.0)
+    assert cm.scale["spec"] == pytest.approx(0.5, rel=1e-3)
+    before = cm.scale["plain"]
+    cm.observe_step("plain", 1.0, 1000.0)  # a step that also ran a long prefill: clipped
+    assert cm.scale["plain"] <= before * (1 - cm.ema + cm.ema * 4.0) + 1e-9
+    with pytest.raises(wb.ConfigError):
+        cm.observe_step("verify", 1.0, 1.0)
+
+
+# -- Goodput (synthetic) -------------------------------------------------------------------------
+def synthetic_cost() -> CostModel:
+    """Plain ≈ 1.4 ms at B=1; a S5 K4 N16 step ≈ 3.5 ms (≈2.5×): speculation pays iff τ ≳ 2.5."""
+    return CostModel(target=LinearCost(a=1.0, b=0.05), draft=LinearCost(a=0.3, b=0.01))
+
+
+def drive(policy: Goodput, steps: int, batch: int, accept: int | list[int],
+          factor: object = 1.0) -> list[Decision]:
+    """Run decide/observe with measured = unscaled prediction × factor(step)."""
+    out = []
+    for i in range(steps):
+        d = policy.decide(ctx(batch, step=i))
+        kind = "spec" if d.speculate else "plain"
+        f = factor(i) if callable(factor) else factor
+        measured = d.predicted_ms / policy.cost_model.scale[kind] * f
+        acc = ([min(accept, d.num_steps)] * batch if isinstance(accept, int) else accept) \
+            if d.speculate else []
+        policy.observe(d, measured, acc)
+        out.append(d)
+    return out
+
+
+def test_goodput_acceptance_update_and_tau() -> None:
+    g = Goodput(synthetic_cost(), ema=1.0)
+    g.update_acceptance(3, 1, [0, 1, 3])
+    assert g.acceptance(1, 3) == pytest.approx([2 / 3, 1 / 2, 1.0])
+    assert g.expected_tau((3, 1, 4)) == pytest.approx(1 + 2 / 3 + 1 / 3 + 1 / 3)
+    assert g.expected_tau((3, 1, 2)) == pytest.approx(1 + 2 / 3)  # N−1 caps the depth
+    assert g.acceptance(4, 2) == [0.7, 0.7]  # other widths keep the prior
+
+
+def test_goodput_speculates_when_acceptance_high() -> None:
+    g = Goodput(synthetic_cost(), candidates=[(5, 4, 16)])
+    assert g.rates(ctx(2))[None][0] > g.rates(ctx(2))[(5, 4, 16)][0]  # the prior alone: off
+    ds = drive(g, 100, batch=2, accept=5)
+    assert ds[0].speculate and ds[0].reason.startswith("probe")  # starts off: probe at once
+    assert all(d.speculate for d in ds[g.min_dwell + 1:])
+    assert g.expected_tau((5, 4, 16)) > 5.5
+
+
+def test_goodput_turns_off_when_acceptance_zero() -> None:
+    g = Goodput(synthetic_cost(), candidates=[(5, 4, 16), (3, 1, 4)], probe_every=0)
+    ds = drive(g, 80, batch=2, accept=0)
+    assert ds[0].speculate  # optimistic prior: explore first
+    first_off = next(i for i, d in enumerate(ds) if not d.speculate)
+    assert first_off < 40
+    assert not any(d.speculate for d in ds[first_off:])
+
+
+def test_goodput_turns_off_at_large_batch() -> None:
+    """Same acceptance, bigger batch: verifying B·N tokens costs more than the τ it buys."""
+    on = drive(Goodput(synthetic_cost()), 10, batch=1, accept=2)
+    off = drive(Goodput(synthetic_cost()), 10, batch=64, accept=2)
+    assert all(d.speculate for d in on)
+    assert off[0].reason.startswith("probe") and not any(d.speculate for d in off[1:])
+
+
+def tied_policy(**kw: object) -> Goodput:
+    """Off and a S1 chain predicted exactly equal (1 tok/ms) while a_1 stays at 0.7."""
+    cm = CostModel(target=LinearCost(a=1.0), spec_overhead=LinearCost(a=0.7))
+    return Goodput(cm, candidates=[(1, 1, 2)], probe_every=0, **kw)
+
+
+def switches(ds: list[Decision]) -> list[int]:
+    return [i for i in range(1, len(ds)) if ds[i].speculate != ds[i - 1].speculate]
+
+
+def test_goodput_hysteresis_no_thrash() -> None:
+    batch_accept = [1] * 7 + [0] * 3  # batch rate 0.7 = the estimate: only timing noise moves
+    noise = lambda i: 1.25 if i % 2 else 0.75  # noqa: E731 — alternating slow/fast steps
+    thrash = drive(tied_policy(min_dwell=0, hysteresis=0.0), 200, 10, batch_accept, noise)
+    assert len(switches(thrash)) > 20  # the control: no hysteresis, no dwell
+    dwell = drive(tied_policy(min_dwell=4, hysteresis=0.0), 200, 10, batch_accept, noise)
+    sw = switches(dwell)
+    assert all(b - a >= 4 for a, b in zip(sw, sw[1:], strict=False))
+    calm = drive(tied_policy(), 200, 10, batch_accept, noise)  # defaults: 4 steps, 5 %
+    assert len(switches(calm)) <= 1
+
+
+def test_goodput_probes_while_off_and_recovers() -> None:
+    g = Goodput(synthetic_cost(), candidates=[(5, 4, 16)], probe_every=8)
+    ds = drive(g, 60, batch=1, accept=0)
+    assert not ds[0].reason.startswith("probe")  # at B=1 the prior says: speculate
+    off_from = next(i for i, d in enumerate(ds) if not d.speculate)
+    tail = ds[off_from:]
+    probes = [i for i, d in enumerate(tail) if d.speculate]
+    assert probes and all(tail[i].reason.startswith("probe") for i in probes)
+    assert all(b - a == 9 for a, b in zip(probes, probes[1:], strict=False))  # 8 off, 1 probe
+    assert g.probes == len(probes)
+    back = drive(g, 200, batch=1, accept=5)  # acceptance recovered: probes see it
+    assert back[-1].speculate and all(d.speculate for d in back[-20:])
+    assert not back[-1].reason.startswith("probe")
+
+
+def test_goodput_validation() -> None:
+    for kw, match in [({"ema": 0.0}, "ema"), ({"min_dwell": -1}, "min_dwell"),
+                      ({"candidates": []}, "candidates"), ({"candidates": [(3, 1, 5)]}, "chain"),
+                      ({"probe_every": -2}, "probe_every"), ({"prior_accept": 2.0}, "prior")]:
+        with pytest.raises(wb.ConfigError, match=match):
+            Goodput(synthetic_cost(), **kw)
+
+
+# -- engine-level -------------------------------------------------------------------------------
+class Spy:
+    """Records every PolicyContext; speculates always."""
+
+    def __init__(self) -> None:
+        self.contexts: list[PolicyContext] = []
+
+    def decide(self, c: PolicyContext) -> Decision:
+        self.contexts.append(c)
+        return Always().decide(c)
+
+    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def engine(micro_target: Path, random_head: Path) -> wb.Engine:
+    e = wb.Engine.from_pretrained(micro_target, draft=random_head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192,
+                                                         max_prefill_tokens=8))
+    yield e
+    e.close()
+
+
+def test_prefill_requests_not_counted(engine: wb.Engine) -> None:
+    spy = Spy()
+    engine.set_spec(wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=spy))
+    sp = wb.SamplingParams(max_new_tokens=30, ignore_eos=True)
+    try:
+        a = engine.add_request([5, 6, 7], sp)
+        engine.step()  # a prefills (3 tokens) and samples its first token
+        b = engine.add_request(list(range(1, 41)), sp)  # 40 tokens: 5 chunks of 8
+        seen = []
+        while engine.requests[b].in_prefill:
+            engine.step()
+            seen.append(spy.contexts[-1].decode_batch)
+        assert len(seen) == 5 and seen == [1] * 5  # b never counted while prefilling
+        engine.step()
+        assert spy.contexts[-1].decode_batch == 2
+        engine.abort(a)
+        engine.abort(b)
+    finally:
+        engine.set_spec(None)
+    assert engine.kv_usage()["used_blocks"] == 0
+
+
+def test_calibrate_leaves_no_kv(engine: wb.Engine) -> None:
+    steps_before = dict(engine.stats.steps)
+    cm = calibrate(engine, batch_sizes=(1, 2, 4), repeats=1, shape=(3, 2, 6), step_tokens=4)
+    assert engine.kv_usage()["used_blocks"] == 0
+    assert engine.stats.steps == steps_before  # calibration runs do not pollute the stats
+    assert cm.target.b > 0 and cm.draft_ms(1) > 0
+    assert 0 < cm.plain_step_ms(1) < cm.spec_step_ms(1, 3, 2, 6)
+    assert cm.spec_step_ms(4, 3, 2, 6) > cm.spec_step_ms(1, 3, 2, 6)
+
+
+def test_concurrency_bench_smoke(engine: wb.Engine, tmp_path: Path) -> None:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 299) for _ in range(rng.randrange(3, 20))] for _ in range(5)]
+    spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    arms = {"baseline": None, "eagle3": spec,
+            "never": wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=Never()),
+            "flip_warm": wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4,
+                                       policy=RandomFlip(0.5, seed=0)),
+            "flip_cold": wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4,
+                                       policy=RandomFlip(0.5, seed=0), draft_state="cold")}
+    df = run_concurrency(engine, prompts, levels=(1, 3), arms=arms, max_new_tokens=6,
+                         out=tmp_path, progress=False)
+    assert len(df) == 10 and set(df["arm"]) == set(arms)
+    assert df["lossless"].all()
+    for col in ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+                "itl_p50_ms", "itl_p99_ms", "tau", "spec_share", "k0_tax", "vs_baseline"):
+        assert col in df
+    s = summarize(df).set_index(["arm", "concurrency"])
+    assert s.loc[("eagle3", 1), "spec_share"] == 1.0
+    assert s.loc[("never", 3), "spec_share"] == 0.0
+    assert 0.0 < s.loc[("flip_cold", 3), "spec_share"] < 1.0
+    assert not math.isnan(s.loc[("never", 1), "k0_tax"])
+    assert list(switch_costs(df)["concurrency"]) == [1, 3]
+    saved = json.loads((tmp_path / "concurrency.json").read_text())
+    assert "machine" in saved and "threshold" in saved and len(saved["rows"]) == 10
+    assert (tmp_path / "concurrency.csv").is_file()
+    assert engine.kv_usage()["used_blocks"] == 0
+
+
+def _sweep(base: list[float], eagle: list[float]) -> pd.DataFrame:
+    levels = [1, 2, 4, 8]
+    return pd.DataFrame([{"arm": a, "concurrency": c, "repeat": 0, "tok_s": v, "lossless": True}
+                         for a, vals in (("baseline", base), ("eagle3", eagle))
+                         for c, v in zip(levels, vals, strict=True)])
+
+
+@pytest.mark.parametrize(("base", "eagle", "crossover", "n"), [
+    ([10, 20, 40, 80], [20, 30, 35, 60], 4, 2),
+    ([10, 20, 40, 80], [20, 30, 45, 90], None, 8),
+    ([10, 20, 40, 80], [10, 15, 30, 60], 1, 0),
+])
+def test_find_threshold(base: list[float], eagle: list[float], crossover: int | None,
+                        n: int) -> None:
+    th = find_threshold(_sweep(base, eagle))
+    assert (th.crossover, th.suggested_n) == (crossover, n)
+    assert list(th.table["concurrency"]) == [1, 2, 4, 8]
+
+
+def test_cli_threshold_quick(micro_target: Path, random_head: Path, tmp_path: Path,
+                             monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import __main__ as cli
+    from workbench.bench import workloads
+
+    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    argv = ["bench", "threshold", "--model", str(micro_target), "--draft", str(random_head),
+            "--out", str(tmp_path / "res"), "--quick", "--max-new-tokens", "4", "--prompts", "2"]
+    with pytest.raises(wb.ConfigError, match="make-prompts"):
+        cli.main(argv)
+    workloads.save_prompts([workloads.Prompt("a", "code", "def f(x):\n", "t"),
+                            workloads.Prompt("b", "code", "import os\n", "t")],
+                           tmp_path / "prompts" / "heldout.jsonl")
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "suggested BatchThreshold(" in out
+    assert (tmp_path / "res" / "threshold.json").is_file()
