@@ -1,0 +1,88 @@
+"""Serving test kit: a live server on loopback around a micro engine (EAGLE-3 random head, spec
+on), solo greedy reference outputs from a second engine, SSE helpers.
+
+The fixtures are re-exported by tests/serve/conftest.py and tests/backends/conftest.py (each
+directory then gets its own session server); test modules import the helpers from here."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.serve.server import ServerHandle, start_server
+
+SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+ENGINE_CONFIG = wb.EngineConfig(kv_budget_tokens=8192, max_model_len=256)
+TEXT_PROMPTS = ["def parse(path):", "import os\n", "class Node:", "    return ", "for i in range(",
+                "# a comment\n", "x = [", "while True:"]
+
+
+def id_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 24))] for _ in range(n)]
+
+
+def greedy(max_new_tokens: int) -> wb.SamplingParams:
+    return wb.SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True)
+
+
+def sse_payloads(lines: Iterator[str]) -> list[str]:
+    """The ``data:`` payloads of an SSE response, ``[DONE]`` included."""
+    return [line[5:].strip() for line in lines if line.startswith("data:")]
+
+
+def sse_json(lines: Iterator[str]) -> list[dict]:
+    payloads = sse_payloads(lines)
+    assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+@pytest.fixture(scope="session")
+def serve_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from spec.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
+
+    return write_random_head(micro_target, tmp_path_factory.mktemp("serve_head"))
+
+
+@pytest.fixture(scope="session")
+def reference_engine(micro_target: Path, serve_head: Path) -> Iterator[wb.Engine]:
+    e = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def solo(reference_engine: wb.Engine) -> Callable[[str | list[int], int], wb.RequestOutput]:
+    """``solo(prompt, n)``: the greedy output of ``prompt`` run alone (same spec), cached."""
+    cache: dict[tuple, wb.RequestOutput] = {}
+
+    def run(prompt: str | list[int], n: int) -> wb.RequestOutput:
+        key = (prompt if isinstance(prompt, str) else tuple(prompt), n)
+        if key not in cache:
+            cache[key] = reference_engine.generate([prompt], greedy(n), spec=SPEC)[0]
+        return cache[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def server(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
+    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
+    engine.set_spec(SPEC)
+    handle = start_server(engine, "127.0.0.1", 0)
+    yield handle
+    handle.stop()
+    engine.close()
+
+
+@pytest.fixture()
+def http(server: ServerHandle) -> Iterator:
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+        yield c

@@ -1,0 +1,145 @@
+"""The native server over real HTTP on loopback: /generate, /v1/completions, /metrics, /health,
+/server_info; outputs equal engine.generate (greedy)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from serve.serving import SPEC, TEXT_PROMPTS, id_prompts, sse_json
+
+N = 10
+
+
+@pytest.mark.parametrize("prompt", [TEXT_PROMPTS[0], TEXT_PROMPTS[1], id_prompts(2)[1]])
+def test_generate_equals_engine(http, solo, prompt) -> None:
+    key = "text" if isinstance(prompt, str) else "input_ids"
+    r = http.post("/generate", json={key: prompt, "sampling_params": {
+        "max_new_tokens": N, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ref = solo(prompt, N)
+    assert body["output_ids"] == ref.token_ids
+    assert body["text"] == ref.text
+    meta = body["meta_info"]
+    assert meta["prompt_tokens"] == len(ref.prompt_ids)
+    assert meta["completion_tokens"] == N
+    assert meta["finish_reason"] == {"type": "length", "length": N}
+    assert meta["spec_verify_ct"] == ref.metrics.verify_ct > 0
+    assert meta["spec_accept_length"] == pytest.approx(N / meta["spec_verify_ct"])
+    assert meta["e2e_latency"] > 0 and isinstance(meta["id"], str)
+
+
+def test_generate_stream_equals_engine(http, solo) -> None:
+    prompt = TEXT_PROMPTS[2]
+    body = {"text": prompt, "stream": True, "rid": "req-1",
+            "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}}
+    with http.stream("POST", "/generate", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = sse_json(r.iter_lines())
+    ref = solo(prompt, N)
+    assert len(chunks) >= 2
+    for a, b in zip(chunks, chunks[1:]):  # cumulative: each chunk extends the previous one
+        assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+        assert b["text"].startswith(a["text"])
+        assert a["meta_info"]["finish_reason"] is None
+    last = chunks[-1]
+    assert last["output_ids"] == ref.token_ids and last["text"] == ref.text
+    assert last["meta_info"]["id"] == "req-1"
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
+    assert last["meta_info"]["spec_verify_ct"] == ref.metrics.verify_ct
+
+
+def test_openai_completions(http, solo) -> None:
+    prompt = TEXT_PROMPTS[3]
+    ref = solo(prompt, N)
+    req = {"model": "anything", "prompt": prompt, "max_tokens": N, "temperature": 0,
+           "ignore_eos": True}
+    r = http.post("/v1/completions", json=req)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["model"] == "anything"
+    assert body["choices"][0]["text"] == ref.text
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(ref.prompt_ids), "completion_tokens": N,
+                             "total_tokens": len(ref.prompt_ids) + N}
+    stream_req = {**req, "stream": True, "stream_options": {"include_usage": True}}
+    with http.stream("POST", "/v1/completions", json=stream_req) as r:
+        chunks = sse_json(r.iter_lines())
+    deltas = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(deltas) == ref.text
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == N
+    assert http.get("/v1/models").json()["data"][0]["id"]
+
+
+def test_health_and_server_info(http, server) -> None:
+    assert http.get("/health").status_code == 200
+    info = http.get("/server_info").json()
+    assert info["speculative_algorithm"] == "EAGLE3"
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"]) == (SPEC.num_steps, SPEC.topk,
+                                                      SPEC.num_draft_tokens)
+    assert Path(info["model_path"]).name == "model" and info["draft_model_path"]
+    assert info["engine_config"]["kv_budget_tokens"] == 8192
+    assert info["kv"]["total_blocks"] > 0
+    assert http.get("/get_server_info").json()["internal_states"][0]["avg_spec_accept_length"] >= 1
+    assert http.get("/nope").status_code == 404
+
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"\})? (\S+)$')
+NAMES = ["sglang:spec_accept_length", "sglang:spec_accept_rate", "sglang:num_running_reqs",
+         "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
+         "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+         "vllm:spec_decode_num_accepted_tokens_total",
+         "vllm:spec_decode_num_accepted_tokens_per_pos_total", "workbench:kv_used_blocks"]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value}; every non-comment line must parse."""
+    out: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = METRIC_LINE.match(line)
+        assert m, f"unparseable metrics line {line!r}"
+        assert m.group(1) in types, f"{m.group(1)} has no # TYPE line"
+        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def test_metrics(http) -> None:
+    before = parse_metrics(http.get("/metrics").text)
+    r = http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200
+    resp = http.get("/metrics")
+    assert resp.headers["content-type"].startswith("text/plain")
+    after = parse_metrics(resp.text)
+    for name in NAMES:
+        assert any(k == name or k.startswith(name + "{") for k in after), name
+    for i in range(SPEC.num_steps):
+        assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}' in after
+    assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 4
+    assert after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"] == 3
+    assert after["vllm:spec_decode_num_drafts_total"] > before["vllm:spec_decode_num_drafts_total"]
+    assert after["sglang:spec_accept_length"] >= 1.0
+    assert 0.0 <= after["sglang:spec_accept_rate"] <= 1.0
+    assert after["workbench:kv_used_blocks"] == 0 and after["sglang:num_running_reqs"] == 0
+
+
+def test_cli_init_failure_exits_nonzero_naming_the_stage(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "workbench", "serve", "--model",
+                           str(tmp_path / "missing"), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "load_config" in proc.stderr, proc.stderr[-2000:]
