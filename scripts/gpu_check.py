@@ -26,6 +26,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -199,9 +200,13 @@ def flashinfer_runner(kw: dict[str, Any], page_table: list[list[int]], page_size
         custom_mask=torch.cat(blocks), sm_scale=kw["sm_scale"],
         q_data_type=q.dtype, kv_data_type=k_cache.dtype,
     )
-    pages = (k_cache.view(-1, page_size, kv_heads, head_dim),
-             v_cache.view(-1, page_size, kv_heads, head_dim))
-    return lambda: wrapper.run(q, pages)
+    kv_pages = (k_cache.view(-1, page_size, kv_heads, head_dim),
+                v_cache.view(-1, page_size, kv_heads, head_dim))
+
+    def run() -> torch.Tensor:
+        return wrapper.run(q, kv_pages)
+
+    return run
 
 
 def bench_tree_attention(device: torch.device, smoke: bool, budget: Budget) -> list[dict[str, Any]]:
@@ -245,13 +250,13 @@ def bench_tree_attention(device: torch.device, smoke: bool, budget: Budget) -> l
             kv_bytes = 2 * batch * (prefix + nodes) * kv_heads * hd * kw["k_cache"].element_size()
             row["kv_bytes"] = kv_bytes
             expected = reference.tree_attention(**kw)
-            row["reference"] = timed_ms(lambda kw=kw: reference.tree_attention(**kw), device,
+            row["reference"] = timed_ms(partial(reference.tree_attention, **kw), device,
                                         warmup=1, reps=3)
             if use_triton:
                 got = tree_attention_triton(**kw)
                 row["triton_max_abs_diff_vs_reference"] = float(
                     (got.float() - expected.float()).abs().max())
-                row["triton"] = timed_ms(lambda kw=kw: tree_attention_triton(**kw), device,
+                row["triton"] = timed_ms(partial(tree_attention_triton, **kw), device,
                                          warmup, reps)
                 row["triton_kv_tb_s"] = kv_bytes / (row["triton"]["median_ms"] * 1e-3) / 1e12
                 row["reference_over_triton"] = (row["reference"]["median_ms"]
@@ -284,6 +289,7 @@ def decode_bandwidth(device: torch.device, smoke: bool, budget: Budget) -> dict[
     The attention over the KV cache is left out (it reads KV, not weights); q/k/v/o, the MLP and
     the LM head are all there, so the bytes a forward must read are exactly the weight bytes.
     """
+    tokens: tuple[int, ...]
     if smoke:
         layers, hidden, inter, kv_dim, vocab = 2, 256, 512, 64, 1000
         tokens, dtype, reps = (1, 4), torch.float32, 2
@@ -335,7 +341,7 @@ def decode_bandwidth(device: torch.device, smoke: bool, budget: Budget) -> dict[
         x = torch.randn(n_tok, hidden, device=device, dtype=dtype) * 0.1
         row: dict[str, Any] = {"tokens": n_tok}
         with torch.inference_mode():
-            row["eager"] = timed_ms(lambda x=x: forward(x), device, warmup=2, reps=reps)
+            row["eager"] = timed_ms(partial(forward, x), device, warmup=2, reps=reps)
             if device.type == "cuda":
                 row["graph"] = _graph_timing(forward, x, device, reps)
         best = min(v["median_ms"] for k, v in row.items() if k in ("eager", "graph"))

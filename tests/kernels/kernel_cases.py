@@ -17,7 +17,7 @@ FAST = settings(deadline=None, database=None, derandomize=True, max_examples=200
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 TRITON = settings(FAST, max_examples=30)
 
-TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5},
+TOL: dict[torch.dtype, dict[str, Any]] = {torch.float32: {"atol": 1e-5, "rtol": 1e-5},
        torch.float16: {"atol": 1e-3, "rtol": 1e-3},
        torch.bfloat16: {"atol": 1e-2, "rtol": 1e-2}}
 

@@ -1,3 +1,5 @@
+# mypy: allow-untyped-defs
+# (@triton.jit parameters stay unannotated: Triton gives annotations a meaning of its own.)
 """KV compaction (``pool[:, dst] = pool[:, src]`` for K and V): Triton kernel and host wrapper.
 
 Specification: ``workbench.kernels.reference.compact_kv``.

@@ -1,3 +1,5 @@
+# mypy: allow-untyped-defs
+# (@triton.jit parameters stay unannotated: Triton gives annotations a meaning of its own.)
 """Greedy tree acceptance: Triton kernel and its checked host wrapper.
 
 Specification: ``workbench.kernels.reference.greedy_accept``.

@@ -1,3 +1,5 @@
+# mypy: allow-untyped-defs
+# (@triton.jit parameters stay unannotated: Triton gives annotations a meaning of its own.)
 """Tree attention over a paged KV pool: Triton kernel and its checked host wrapper.
 
 Specification: ``workbench.kernels.reference.tree_attention``.

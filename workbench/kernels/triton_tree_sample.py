@@ -1,3 +1,5 @@
+# mypy: allow-untyped-defs
+# (@triton.jit parameters stay unannotated: Triton gives annotations a meaning of its own.)
 """Tree speculative sampling (recursive rejection, one-hot drafts): Triton kernel and wrapper.
 
 Specification: ``workbench.kernels.reference.tree_speculative_sample``.
