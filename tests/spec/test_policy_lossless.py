@@ -1,0 +1,166 @@
+"""Policies never change greedy outputs: on/off every step (warm and cold draft), varying tree
+shapes, Goodput and StepTable — batched with staggered arrivals and aborts — equal baseline.
+
+Heads: a random head (acceptance ≈ 0) and a head trained for a few seconds (τ ≈ 1.9), so
+switches happen both after rejected and after accepted draft tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.spec.costmodel import CostModel, LinearCost
+from workbench.spec.policy import Goodput, RandomFlip, StepTable
+
+SHAPE = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
+SP = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def quick_head(micro_target: Path, tiny_corpus: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A head trained ~40 steps (seconds): accepts some drafts, unlike the random head."""
+    from workbench.train.eagle3 import DraftTrainConfig, train_draft
+
+    root = tmp_path_factory.mktemp("quick_head")
+    train_draft(DraftTrainConfig(target=str(micro_target), out=str(root / "head"),
+                                 work=str(root / "work"), corpus=str(tiny_corpus),
+                                 draft_vocab_size=128, steps=40, batch=4, seq_len=64, lr=3e-3,
+                                 warmup=5, regenerate=False, eval_batches=1, ckpt_every=1000))
+    return root / "head"
+
+
+@pytest.fixture(scope="module", params=["quick_head", "random_head"])
+def engine(request: pytest.FixtureRequest, micro_target: Path) -> wb.Engine:
+    head = request.getfixturevalue(request.param)
+    e = wb.Engine.from_pretrained(micro_target, draft=head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    e.head_name = request.param  # type: ignore[attr-defined]
+    yield e
+    e.close()
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 30))] for _ in range(n)]
+
+
+def run(engine: wb.Engine, ps: list[list[int]], spec: wb.SpecConfig | None, batch: int,
+        aborts: dict[int, int] | None = None) -> list[list[int]]:
+    """At most ``batch`` in flight, arrivals staggered by a step; ``aborts`` maps prompt index →
+    steps after admission at which it is aborted (its partial output is returned)."""
+    aborts = aborts or {}
+    engine.set_spec(spec)
+    try:
+        queue = list(enumerate(ps))
+        live: dict[int, tuple[int, int]] = {}  # rid → (prompt index, steps so far)
+        out: dict[int, list[int]] = {}
+        while queue or live:
+            while queue and len(live) < batch:
+                i, p = queue.pop(0)
+                live[engine.add_request(p, SP)] = (i, 0)
+                if len(live) < batch:
+                    break  # stagger: the next one arrives a step later
+            for o in engine.step():
+                if o.finished and o.rid in live:
+                    out[live.pop(o.rid)[0]] = engine.output(o.rid).token_ids
+            for rid, (i, n) in list(live.items()):
+                if aborts.get(i) == n + 1:
+                    engine.abort(rid)
+                    out[live.pop(rid)[0]] = engine.output(rid).token_ids
+                else:
+                    live[rid] = (i, n + 1)
+        assert engine.kv_usage()["used_blocks"] == 0
+        return [out[i] for i in range(len(ps))]
+    finally:
+        engine.set_spec(None)
+
+
+_BASE: dict[tuple[str, int, int, int], list[list[int]]] = {}
+
+
+def baseline(engine: wb.Engine, n: int, seed: int, batch: int) -> list[list[int]]:
+    key = (engine.head_name, n, seed, batch)  # type: ignore[attr-defined]
+    if key not in _BASE:
+        _BASE[key] = run(engine, prompts(n, seed), None, batch)
+    return _BASE[key]
+
+
+def spec_steps(engine: wb.Engine) -> tuple[int, int]:
+    return engine.stats.steps["spec"], engine.stats.steps["plain"]
+
+
+@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("batch", [4, 13])
+def test_random_flip_equals_baseline(engine: wb.Engine, state: str, batch: int) -> None:
+    base = baseline(engine, 13, 1, batch)
+    s0, p0 = spec_steps(engine)
+    spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=batch))
+    assert run(engine, prompts(13, 1), spec, batch) == base
+    s1, p1 = spec_steps(engine)
+    assert s1 > s0 and p1 > p0  # both kinds of step (and switches) happened
+
+
+@pytest.mark.parametrize("state", ["warm", "cold"])
+def test_random_shapes_equal_baseline(engine: wb.Engine, state: str) -> None:
+    """Each speculative step draws its own (S, K, N): chains, trees, depth 1 to 5."""
+    shapes = [(1, 1, 2), (3, 2, 6), (5, 4, 16), (4, 1, 5), (2, 3, 7)]
+    spec = wb.SpecConfig(**SHAPE, draft_state=state,
+                         policy=RandomFlip(0.7, seed=7, shapes=shapes))
+    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+
+
+@pytest.mark.parametrize("state", ["warm", "cold"])
+def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: str) -> None:
+    base = baseline(engine, 13, 1, 4)
+    aborts = {0: 3, 2: 1, 5: 6, 9: 4, 12: 2}  # prompt index → steps after admission
+    spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=11))
+    got = run(engine, prompts(13, 1), spec, 4, aborts)
+    for i, (g, b) in enumerate(zip(got, base, strict=True)):
+        if i in aborts:
+            assert b[: len(g)] == g and len(g) < len(b)
+        else:
+            assert g == b
+
+
+@pytest.mark.parametrize("state", ["warm", "cold"])
+def test_goodput_equals_baseline(engine: wb.Engine, state: str) -> None:
+    """Goodput over two shapes with a cost model that makes on/off a close call: it switches."""
+    cm = CostModel(target=LinearCost(a=1.0, b=0.05), draft=LinearCost(a=0.3, b=0.01))
+    policy = Goodput(cm, candidates=[(3, 2, 6), (4, 1, 5)], min_dwell=2, probe_every=4)
+    spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=policy)
+    s0, p0 = spec_steps(engine)
+    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+    s1, p1 = spec_steps(engine)
+    assert s1 > s0 and p1 > p0 and policy.switches >= 1
+
+
+@pytest.mark.parametrize("state", ["warm", "cold"])
+def test_step_table_equals_baseline(engine: wb.Engine, state: str) -> None:
+    """Tiers change as the staggered batch grows and drains: tree, chain, off."""
+    table = StepTable({(1, 3): (5, 4, 16), (4, 8): (3, 1, 4), (9, None): None})
+    spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=table)
+    s0, p0 = spec_steps(engine)
+    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+    s1, p1 = spec_steps(engine)
+    assert s1 > s0 and p1 > p0
+
+
+def test_cold_catch_up_keeps_acceptance(engine: wb.Engine) -> None:
+    """A cold draft caught up after off steps accepts like a warm one (same flips, same τ):
+    losslessness alone would not notice a stale draft, acceptance does."""
+    if engine.head_name != "quick_head":  # type: ignore[attr-defined]
+        pytest.skip("needs a head that accepts drafts")
+    taus = {}
+    for state in ("warm", "cold"):
+        before = len(engine.stats.accept_lengths)
+        spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=3))
+        assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+        acc = engine.stats.accept_lengths[before:]
+        taus[state] = sum(acc) / len(acc)
+    assert taus["warm"] > 1.3
+    assert taus["cold"] == pytest.approx(taus["warm"], abs=0.1)
