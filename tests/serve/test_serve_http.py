@@ -43,7 +43,8 @@ def test_generate_stream_equals_engine(http, solo) -> None:
         chunks = sse_json(r.iter_lines())
     ref = solo(prompt, N)
     assert len(chunks) >= 2
-    for a, b in zip(chunks, chunks[1:]):  # cumulative: each chunk extends the previous one
+    # cumulative: each chunk extends the previous one
+    for a, b in zip(chunks, chunks[1:], strict=False):
         assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
         assert b["text"].startswith(a["text"])
         assert a["meta_info"]["finish_reason"] is None
