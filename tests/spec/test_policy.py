@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -167,7 +169,7 @@ def synthetic_cost() -> CostModel:
 
 
 def drive(policy: Goodput, steps: int, batch: int, accept: int | list[int],
-          factor: object = 1.0) -> list[Decision]:
+          factor: float | Callable[[int], float] = 1.0) -> list[Decision]:
     """Run decide/observe with measured = unscaled prediction × factor(step)."""
     out = []
     for i in range(steps):
@@ -217,7 +219,7 @@ def test_goodput_turns_off_at_large_batch() -> None:
     assert off[0].reason.startswith("probe") and not any(d.speculate for d in off[1:])
 
 
-def tied_policy(**kw: object) -> Goodput:
+def tied_policy(**kw: Any) -> Goodput:
     """Off and a S1 chain predicted exactly equal (1 tok/ms) while a_1 stays at 0.7."""
     cm = CostModel(target=LinearCost(a=1.0), spec_overhead=LinearCost(a=0.7))
     return Goodput(cm, candidates=[(1, 1, 2)], probe_every=0, **kw)
@@ -229,7 +231,9 @@ def switches(ds: list[Decision]) -> list[int]:
 
 def test_goodput_hysteresis_no_thrash() -> None:
     batch_accept = [1] * 7 + [0] * 3  # batch rate 0.7 = the estimate: only timing noise moves
-    noise = lambda i: 1.25 if i % 2 else 0.75  # noqa: E731 — alternating slow/fast steps
+    def noise(i: int) -> float:  # alternating slow/fast steps
+        return 1.25 if i % 2 else 0.75
+
     thrash = drive(tied_policy(min_dwell=0, hysteresis=0.0), 200, 10, batch_accept, noise)
     assert len(switches(thrash)) > 20  # the control: no hysteresis, no dwell
     dwell = drive(tied_policy(min_dwell=4, hysteresis=0.0), 200, 10, batch_accept, noise)
@@ -255,9 +259,11 @@ def test_goodput_probes_while_off_and_recovers() -> None:
 
 
 def test_goodput_validation() -> None:
-    for kw, match in [({"ema": 0.0}, "ema"), ({"min_dwell": -1}, "min_dwell"),
-                      ({"candidates": []}, "candidates"), ({"candidates": [(3, 1, 5)]}, "chain"),
-                      ({"probe_every": -2}, "probe_every"), ({"prior_accept": 2.0}, "prior")]:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"ema": 0.0}, "ema"), ({"min_dwell": -1}, "min_dwell"), ({"candidates": []}, "candidates"),
+        ({"candidates": [(3, 1, 5)]}, "chain"), ({"probe_every": -2}, "probe_every"),
+        ({"prior_accept": 2.0}, "prior")]
+    for kw, match in cases:
         with pytest.raises(wb.ConfigError, match=match):
             Goodput(synthetic_cost(), **kw)
 
@@ -278,7 +284,7 @@ class Spy:
 
 
 @pytest.fixture(scope="module")
-def engine(micro_target: Path, random_head: Path) -> wb.Engine:
+def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
     e = wb.Engine.from_pretrained(micro_target, draft=random_head,
                                   config=wb.EngineConfig(kv_budget_tokens=8192,
                                                          max_prefill_tokens=8))
@@ -384,3 +390,55 @@ def test_cli_threshold_quick(micro_target: Path, random_head: Path, tmp_path: Pa
     out = capsys.readouterr().out
     assert "suggested BatchThreshold(" in out
     assert (tmp_path / "res" / "threshold.json").is_file()
+
+
+def _write_prompts(folder: Path) -> None:
+    from workbench.bench import workloads
+
+    workloads.save_prompts([workloads.Prompt("a", "code", "def f(x):\n", "t"),
+                            workloads.Prompt("b", "code", "import os\n", "t")],
+                           folder / "heldout.jsonl")
+
+
+@pytest.mark.parametrize("which", ["spec", "peers"])
+def test_cli_bs1_benches(which: str, micro_target: Path, random_head: Path, tmp_path: Path,
+                         monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import __main__ as cli
+    from workbench.bench import workloads
+
+    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    _write_prompts(tmp_path / "prompts")
+    argv = ["bench", which, "--model", str(micro_target), "--draft", str(random_head),
+            "--out", str(tmp_path / "res"), "--max-new-tokens", "4", "--prompts", "2"]
+    assert cli.main(argv) == 0
+    assert "results:" in capsys.readouterr().out
+    assert any((tmp_path / "res").glob("*.json"))
+
+
+def test_cli_concurrency_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--url sweeps a running server level by level through workbench.bench.http."""
+    from workbench import __main__ as cli
+    from workbench.bench import http, workloads
+
+    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    _write_prompts(tmp_path / "prompts")
+    calls: list[tuple[int, int]] = []
+
+    def fake(url: str, prompts: list[str], concurrency: int = 8, max_new_tokens: int = 128,
+             **kw: Any) -> dict[str, Any]:
+        calls.append((concurrency, len(prompts)))
+        return {"url": url, "concurrency": concurrency, "completed": len(prompts), "failed": 0,
+                "output_throughput": 10.0 * concurrency, "p50_ttft_ms": 1.0, "errors": [],
+                "requests": []}
+
+    monkeypatch.setattr(http, "run_http_bench", fake)
+    monkeypatch.setattr(http, "format_table", lambda res: f"table c={res['concurrency']}")
+    argv = ["bench", "concurrency", "--url", "http://127.0.0.1:1", "--quick",
+            "--out", str(tmp_path / "res")]
+    assert cli.main(argv) == 0
+    assert calls == [(1, 2), (4, 8), (16, 32)]  # ≥ 2·c requests per level
+    assert "table c=16" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "res" / "concurrency_http.json").read_text())
+    assert [r["concurrency"] for r in saved["rows"]] == [1, 4, 16] and "machine" in saved

@@ -8,7 +8,9 @@ switches happen both after rejected and after accepted draft tokens.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -16,7 +18,8 @@ import workbench as wb
 from workbench.spec.costmodel import CostModel, LinearCost
 from workbench.spec.policy import Goodput, RandomFlip, StepTable
 
-SHAPE = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
+State = Literal["warm", "cold"]
+SHAPE: dict[str, Any] = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
 SP = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
 
 
@@ -35,7 +38,7 @@ def quick_head(micro_target: Path, tiny_corpus: Path,
 
 
 @pytest.fixture(scope="module", params=["quick_head", "random_head"])
-def engine(request: pytest.FixtureRequest, micro_target: Path) -> wb.Engine:
+def engine(request: pytest.FixtureRequest, micro_target: Path) -> Iterator[wb.Engine]:
     head = request.getfixturevalue(request.param)
     e = wb.Engine.from_pretrained(micro_target, draft=head,
                                   config=wb.EngineConfig(kv_budget_tokens=8192))
@@ -96,7 +99,7 @@ def spec_steps(engine: wb.Engine) -> tuple[int, int]:
 
 @pytest.mark.parametrize("state", ["warm", "cold"])
 @pytest.mark.parametrize("batch", [4, 13])
-def test_random_flip_equals_baseline(engine: wb.Engine, state: str, batch: int) -> None:
+def test_random_flip_equals_baseline(engine: wb.Engine, state: State, batch: int) -> None:
     base = baseline(engine, 13, 1, batch)
     s0, p0 = spec_steps(engine)
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=batch))
@@ -106,7 +109,7 @@ def test_random_flip_equals_baseline(engine: wb.Engine, state: str, batch: int) 
 
 
 @pytest.mark.parametrize("state", ["warm", "cold"])
-def test_random_shapes_equal_baseline(engine: wb.Engine, state: str) -> None:
+def test_random_shapes_equal_baseline(engine: wb.Engine, state: State) -> None:
     """Each speculative step draws its own (S, K, N): chains, trees, depth 1 to 5."""
     shapes = [(1, 1, 2), (3, 2, 6), (5, 4, 16), (4, 1, 5), (2, 3, 7)]
     spec = wb.SpecConfig(**SHAPE, draft_state=state,
@@ -115,7 +118,7 @@ def test_random_shapes_equal_baseline(engine: wb.Engine, state: str) -> None:
 
 
 @pytest.mark.parametrize("state", ["warm", "cold"])
-def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: str) -> None:
+def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: State) -> None:
     base = baseline(engine, 13, 1, 4)
     aborts = {0: 3, 2: 1, 5: 6, 9: 4, 12: 2}  # prompt index → steps after admission
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=11))
@@ -128,7 +131,7 @@ def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: str) -> None:
 
 
 @pytest.mark.parametrize("state", ["warm", "cold"])
-def test_goodput_equals_baseline(engine: wb.Engine, state: str) -> None:
+def test_goodput_equals_baseline(engine: wb.Engine, state: State) -> None:
     """Goodput over two shapes with a cost model that makes on/off a close call: it switches."""
     cm = CostModel(target=LinearCost(a=1.0, b=0.05), draft=LinearCost(a=0.3, b=0.01))
     policy = Goodput(cm, candidates=[(3, 2, 6), (4, 1, 5)], min_dwell=2, probe_every=4)
@@ -140,7 +143,7 @@ def test_goodput_equals_baseline(engine: wb.Engine, state: str) -> None:
 
 
 @pytest.mark.parametrize("state", ["warm", "cold"])
-def test_step_table_equals_baseline(engine: wb.Engine, state: str) -> None:
+def test_step_table_equals_baseline(engine: wb.Engine, state: State) -> None:
     """Tiers change as the staggered batch grows and drains: tree, chain, off."""
     table = StepTable({(1, 3): (5, 4, 16), (4, 8): (3, 1, 4), (9, None): None})
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=table)

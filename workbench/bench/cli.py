@@ -73,11 +73,13 @@ def _max_new(ns: argparse.Namespace) -> int:
 
 def bench_spec(ns: argparse.Namespace) -> int:
     from workbench.bench.spec import run_spec_bench
+    from workbench.config import SpecConfig
 
     prompts = _prompts(ns)
     engine = _engine(ns, need_draft=False)
     try:
-        arms = None if engine.draft is not None else {"baseline": None}
+        arms: dict[str, SpecConfig | None] | None = \
+            None if engine.draft is not None else {"baseline": None}
         res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=_max_new(ns))
     finally:
         engine.close()
@@ -114,17 +116,7 @@ def bench_peers(ns: argparse.Namespace) -> int:
 
 def bench_concurrency(ns: argparse.Namespace) -> int:
     if ns.url:
-        from workbench.bench import http  # written alongside the server; imported on demand
-
-        prompts = _prompts(ns)
-        res = http.run_http_bench(ns.url, prompts, levels=_levels(ns),
-                                  max_new_tokens=_max_new(ns), out=ns.out)
-        if isinstance(res, pd.DataFrame):
-            _show(f"HTTP concurrency sweep against {ns.url}", res)
-        saved = res.attrs.get("saved") if isinstance(res, pd.DataFrame) else None
-        if saved:
-            print(f"\nresults: {saved}")
-        return 0
+        return bench_http(ns)
     from workbench.bench.concurrency import (
         default_arms,
         find_threshold,
@@ -159,6 +151,36 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     print(f"\nresults: {df.attrs.get('saved')}")
     lossless = s["lossless"].dropna()
     return 0 if bool(lossless.all()) else 1
+
+
+def bench_http(ns: argparse.Namespace) -> int:
+    """Closed-loop sweep against a running server (ours or SGLang), one level at a time."""
+    import json
+
+    from workbench.bench import http
+    from workbench.bench.machine import machine_info
+
+    prompts = _prompts(ns)
+    rows = []
+    for c in _levels(ns):
+        n = max(2 * c, len(prompts))
+        plist = [prompts[i % len(prompts)] for i in range(n)]
+        res = http.run_http_bench(ns.url, plist, concurrency=c, max_new_tokens=_max_new(ns))
+        print(http.format_table(res))
+        rows.append({k: v for k, v in res.items() if k != "requests"})
+    df = pd.DataFrame(rows)
+    cols = ["concurrency", "completed", "failed", "output_throughput", "p50_ttft_ms",
+            "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
+            "accept_length"]
+    _show(f"HTTP closed-loop sweep against {ns.url}", df[[c for c in cols if c in df]])
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.drop(columns=["errors"], errors="ignore").to_csv(out / "concurrency_http.csv", index=False)
+    rows_json = json.loads(df.to_json(orient="records"))
+    (out / "concurrency_http.json").write_text(json.dumps(
+        {"machine": machine_info(), "url": ns.url, "rows": rows_json}, indent=2) + "\n")
+    print(f"\nresults: {out / 'concurrency_http.json'}")
+    return 0 if int(df["failed"].sum()) == 0 else 1
 
 
 def bench_threshold(ns: argparse.Namespace) -> int:

@@ -70,7 +70,7 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
     from workbench.spec.policy import Goodput
 
     spec = spec or SpecConfig()
-    shape = (spec.num_steps, spec.topk, spec.num_draft_tokens)
+    shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))
     cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
     arms: dict[str, SpecConfig | None] = {
         "baseline": None,
@@ -102,8 +102,9 @@ def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None
     """Keep ``concurrency`` requests in flight until ``num_requests`` have finished."""
     rec = None
     if spec is not None:
-        if hasattr(spec.policy, "reset"):
-            spec.policy.reset()  # every cell starts from the same policy state
+        reset = getattr(spec.policy, "reset", None)
+        if callable(reset):
+            reset()  # every cell starts from the same policy state
         rec = StepRecorder(spec.policy)
         spec = dataclasses.replace(spec, policy=rec)
     st = engine.stats
@@ -173,7 +174,8 @@ def _step_times(rec: StepRecorder | None, skip: set[int]) -> dict[str, float]:
     rows = rec.rows
     plain = [r["ms"] for i, r in enumerate(rows) if not r["speculate"] and i not in skip]
     spec = [r["ms"] for i, r in enumerate(rows) if r["speculate"] and i not in skip]
-    after_off, after_on = [], []
+    after_off: list[float] = []
+    after_on: list[float] = []
     for i in range(1, len(rows)):
         if rows[i]["speculate"] and i not in skip:
             (after_on if rows[i - 1]["speculate"] else after_off).append(rows[i]["ms"])

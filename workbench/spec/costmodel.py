@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from workbench.errors import ConfigError
@@ -45,8 +46,8 @@ class LinearCost:
         return max(0.0, self.a + self.b * tokens + self.c * tokens * context / 1e3)
 
     @classmethod
-    def fit(cls, tokens: Sequence[float], ms: Sequence[float],
-            context: Sequence[float] | None = None) -> LinearCost:
+    def fit(cls, tokens: npt.ArrayLike, ms: npt.ArrayLike,
+            context: npt.ArrayLike | None = None) -> LinearCost:
         """Least squares. Columns that do not vary (one token count, one context) are dropped:
         their coefficient is 0 and the intercept absorbs them."""
         t = np.asarray(tokens, dtype=np.float64)
@@ -108,7 +109,9 @@ class CostModel:
         fitted = {k: LinearCost.fit([s.tokens for s in v], [s.ms for s in v],
                                     [s.context for s in v]) if v else LinearCost()
                   for k, v in by.items()}
-        return cls(**fitted, ema=ema)
+        return cls(target=fitted["target"], draft=fitted["draft"],
+                   plain_overhead=fitted["plain_overhead"],
+                   spec_overhead=fitted["spec_overhead"], ema=ema)
 
     # -- predictions ---------------------------------------------------------------------------
     def target_ms(self, tokens: float, context: float = 0.0) -> float:
@@ -168,7 +171,10 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
-        m = cls(**{k: LinearCost(**d[k]) for k in KINDS if k in d}, ema=d.get("ema", 0.1))
+        parts = {k: LinearCost(**d.get(k, {})) for k in KINDS}
+        m = cls(target=parts["target"], draft=parts["draft"],
+                plain_overhead=parts["plain_overhead"], spec_overhead=parts["spec_overhead"],
+                ema=d.get("ema", 0.1))
         m.scale.update(d.get("scale", {}))
         return m
 

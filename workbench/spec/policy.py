@@ -23,7 +23,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.errors import ConfigError
 
@@ -152,7 +152,7 @@ class StepTable(_Stateless):
     Example: ``StepTable({(1, 4): (5, 4, 16), (5, 16): (3, 1, 4), (17, None): None})``.
     """
 
-    tiers: Mapping[tuple[int, int | float | None], Sequence[int] | None]
+    tiers: Mapping[Any, Sequence[int] | None]  # (lo, hi) → shape; hi None or inf: open
     _rows: tuple[tuple[int, float, Shape | None], ...] = field(init=False, repr=False,
                                                                 compare=False)
 
@@ -253,7 +253,9 @@ class Goodput:
     Expected rate of a candidate at decode batch B: τ·B / spec_step_ms(B, S, K, N), where
     τ = 1 + Σ_{d≤D} Π_{j≤d} a_j, D = min(S, N−1), and a_d is the online (EMA) estimate of
     P(accept depth d | depth d−1 accepted). Off: B / plain_step_ms(B). Times come from
-    ``cost_model`` (see ``workbench.spec.costmodel``), refreshed online from measured steps.
+    ``cost_model`` (see ``workbench.spec.costmodel``), refreshed online from measured steps;
+    with a cold draft plain steps are predicted without the draft extend (the one-off catch-up
+    at switch-on is not charged: hysteresis keeps switches rare).
 
     Acceptance estimates are kept per top-K (tree width changes per-depth acceptance; depth
     does not), starting at the optimistic ``prior_accept`` so unexplored shapes get tried. A
