@@ -144,3 +144,33 @@ def test_cli_init_failure_exits_nonzero_naming_the_stage(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "load_config" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_cli_serves_and_stops_on_sigint(micro_target: Path, serve_head: Path, solo) -> None:
+    import signal
+
+    import httpx
+
+    cmd = [sys.executable, "-m", "workbench", "serve", "--model", str(micro_target), "--draft",
+           str(serve_head), "--num-steps", str(SPEC.num_steps), "--topk", str(SPEC.topk),
+           "--num-draft-tokens", str(SPEC.num_draft_tokens), "--port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the banner comes only once the engine is complete
+            m = re.search(r"serving .* on (http://\S+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "no banner"
+        r = httpx.post(url + "/generate", timeout=60, json={
+            "text": TEXT_PROMPTS[4], "sampling_params": {"max_new_tokens": N, "temperature": 0,
+                                                         "ignore_eos": True}})
+        assert r.json()["output_ids"] == solo(TEXT_PROMPTS[4], N).token_ids
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -477,6 +477,8 @@ def main(ns: argparse.Namespace) -> int:
     print(f"serving {name} ({what}) on {_url(sock)}", file=sys.stderr, flush=True)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass  # uvicorn shut down gracefully, then re-raised the Ctrl-C it captured
     finally:
         loop.stop()
         engine.close()
