@@ -222,8 +222,10 @@ def _finish_type(fr: Any) -> str:
     return "" if fr is None else str(fr)
 
 
-def _event_reason(reason: str) -> str:
-    return reason if reason in ("stop", "length", "abort", "error") else "abort"
+def _event_reason(reason: str) -> ev.FinishReason:
+    if reason in ("stop", "length", "abort", "error"):
+        return reason  # type: ignore[return-value]
+    return "abort"
 
 
 class SGLangClient:
@@ -307,10 +309,11 @@ class SGLangClient:
         whatever the server runs. A 400 raises RequestError naming the field; other failures
         raise RequestFailed.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
-                                        isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        plist = list(prompts)  # type: ignore[arg-type]
+        plist: list[str | Sequence[int]]
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            plist = [prompts]  # type: ignore[list-item]
+        else:
+            plist = list(prompts)  # type: ignore[arg-type]
         if isinstance(sampling_params, Sequence):
             sps = list(sampling_params)
         else:
@@ -404,9 +407,12 @@ class SGLangClient:
                 if "error" in chunk and "text" not in chunk:
                     raise RequestFailed(f"server: {chunk['error']}")
                 admit(chunk.get("meta_info") or {})
+                # SGLang streams cumulative text/output_ids by default (no
+                # --incremental-streaming-output); completion_tokens counts either way.
                 ids = chunk.get("output_ids")
-                count = len(ids) if isinstance(ids, list) else \
-                    int((chunk.get("meta_info") or {}).get("completion_tokens") or 0)
+                meta = chunk.get("meta_info") or {}
+                count = int(meta.get("completion_tokens") or
+                            (len(ids) if isinstance(ids, list) else 0))
                 if count > seen:
                     if m.first_token is None:
                         m.first_token = now

@@ -282,7 +282,7 @@ def format_table(result: dict[str, Any]) -> str:
             rows.append((f"{stat.capitalize()} {name.upper()} (ms)",
                          f(result[f"{stat}_{name}_ms"])))
     width = 50
-    lines = []
+    lines: list[str] = []
     for row in rows:
         if isinstance(row, str):
             lines.append(row.center(width, "=" if not lines else "-"))
