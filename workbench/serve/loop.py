@@ -244,8 +244,8 @@ class EngineLoop:
         out = self.engine.output(rid)
         reason = out.finish_reason or "abort"
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
-        # The engine keeps every request it has seen; the server forgets finished ones so a
-        # long-running server does not grow without bound (see the serve README note).
+        # The engine keeps every request it has seen (there is no Engine.release(rid) yet);
+        # forget finished ones so a long-running server does not grow without bound.
         self.engine.requests.pop(rid, None)
         t.done = True
         t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, True, reason,
