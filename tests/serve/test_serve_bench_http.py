@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from serve.serving import TEXT_PROMPTS, id_prompts
+
 from workbench.bench.http import format_table, run_http_bench
 
 PROMPTS = TEXT_PROMPTS + id_prompts(8, seed=2)
