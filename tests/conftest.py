@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+# Must precede any triton import (transformers may import it): kernel tests run on CPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 

@@ -20,11 +20,23 @@ from workbench.errors import (
     RequestFailed,
     WorkbenchError,
 )
-from workbench.spec.policy import Always, BatchThreshold, Decision, Never, Policy, PolicyContext
+from workbench.spec.costmodel import CostModel, calibrate
+from workbench.spec.policy import (
+    Always,
+    BatchThreshold,
+    Decision,
+    Goodput,
+    Never,
+    Policy,
+    PolicyContext,
+    RandomFlip,
+    StepTable,
+)
 from workbench.trace.tracer import trace
 
 __all__ = [
-    "Always", "BatchThreshold", "CheckpointError", "ConfigError", "Decision", "DraftTree",
+    "Always", "BatchThreshold", "CheckpointError", "ConfigError", "CostModel", "Decision",
+    "DraftTree", "Goodput", "RandomFlip", "StepTable", "calibrate",
     "Engine", "EngineConfig", "EngineInitError", "Never", "Policy", "PolicyContext",
     "Request", "RequestError", "RequestFailed", "RequestOutput", "SamplingParams", "SpecConfig",
     "StepOutput", "VerifyResult", "WorkbenchError", "faults", "trace",

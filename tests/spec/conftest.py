@@ -40,14 +40,20 @@ def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
-def trained_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_head(micro_target: Path, tiny_corpus: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A micro head trained for a few seconds (acceptance well above zero)."""
     from workbench.train.eagle3 import DraftTrainConfig, train_draft
 
     root = tmp_path_factory.mktemp("trained_head")
     train_draft(DraftTrainConfig(target=str(micro_target), out=str(root / "head"),
-                                 work=str(root / "work"), **MICRO_DRAFT_TRAINING))
+                                 work=str(root / "work"), corpus=str(tiny_corpus),
+                                 **MICRO_DRAFT_TRAINING))
     return root / "head"
 
 
-MICRO_DRAFT_TRAINING: dict = {}
+# Seconds on one core; regenerated (target-greedy) data makes acceptance clearly non-zero.
+MICRO_DRAFT_TRAINING: dict = dict(
+    draft_vocab_size=128, steps=80, batch=4, seq_len=48, lr=3e-3, warmup=5, ttt_steps=5,
+    regenerate=True, regen_sequences=16, regen_prompt_len=16, regen_batch=16, eval_batches=2,
+    ckpt_every=40, threads=1)

@@ -24,7 +24,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 30))] for _ in range(n)]
 
 
-@pytest.fixture(scope="module", params=["random_head"])
+@pytest.fixture(scope="module", params=["random_head", "trained_head"])
 def engine(request: pytest.FixtureRequest, micro_target: Path) -> wb.Engine:
     head = request.getfixturevalue(request.param)
     e = wb.Engine.from_pretrained(micro_target, draft=head,
@@ -64,6 +64,16 @@ def test_greedy_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -
     spec = run_staggered(engine, ps, sp, CONFIGS[name], batch)
     assert spec == base
     assert engine.kv_usage()["used_blocks"] == 0
+
+
+def test_trained_head_accepts(micro_target: Path, trained_head: Path) -> None:
+    """Guard that the lossless tests above exercise partial and multi-token acceptance."""
+    e = wb.Engine.from_pretrained(micro_target, draft=trained_head)
+    outs = e.generate(prompts(4, seed=9), wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
+                      spec=CONFIGS["S5 K4 N16"])
+    taus = [a for o in outs for a in o.metrics.accept_lengths]
+    assert sum(taus) / len(taus) > 1.5 and max(taus) >= 4 and min(taus) == 1
+    e.close()
 
 
 def test_metrics_semantics(engine: wb.Engine) -> None:

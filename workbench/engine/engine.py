@@ -300,12 +300,31 @@ class Engine:
         return {"used_blocks": self.pool.used_blocks, "total_blocks": self.pool.num_blocks,
                 "page_size": self.pool.page_size}
 
-    def output(self, rid: int) -> RequestOutput:
+    def release(self, rid: int) -> RequestOutput:
+        """Return a finished request's output and forget it (long-running servers)."""
+        req = self.requests.get(rid)
+        if req is None:
+            raise RequestError(f"rid: unknown request {rid}")
+        if not req.finished:
+            raise RequestError(f"rid: request {rid} is still running (abort it first)")
+        out = self.output(rid)
+        del self.requests[rid]
+        return out
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) if self.scheduler is not None else 0
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running) if self.scheduler is not None else 0
+
+    def output(self, rid: int, text: bool = True) -> RequestOutput:
+        """Snapshot of a request (running or finished); ``text=False`` skips detokenizing."""
         req = self.requests[rid]
-        text = self.tokenizer.decode(req.output_ids) if self.tokenizer is not None else ""
+        text_s = self.tokenizer.decode(req.output_ids) if self.tokenizer is not None and text \
+            else ""
         lossless = self.spec is None or self.spec.lossless
         return RequestOutput(rid=rid, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
-                             text=text, finish_reason=req.finish_reason or "",
+                             text=text_s, finish_reason=req.finish_reason or "",
                              metrics=req.metrics, error=req.error, lossless=lossless,
                              from_draft=list(req.emitted_from_draft))
 
@@ -410,7 +429,7 @@ class Engine:
         decode = [r for r in sched.decode if not r.finished]
         mode = "prefill" if sched.prefill else "idle"
         if decode:
-            decision = self._decide(len(decode))
+            decision = self._decide(decode)
             spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
             plain_reqs = [r for r in decode if r not in spec_reqs]
             accepted: list[int] = []
@@ -423,19 +442,21 @@ class Engine:
             total = _ms(t_start)
             self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
             if self.spec is not None:
-                self.spec.policy.observe(decision, total, accepted)  # type: ignore[union-attr]
+                self.spec.policy.observe(decision, total - phases.get("prefill", 0.0), accepted)  # type: ignore[union-attr]
             if self.trace.enabled:
                 self._emit_step(decision, len(decode), mode, phases, total)
         elif sched.prefill:
             self.stats.steps["prefill"] += 1
         return list(outputs.values())
 
-    def _decide(self, decode_batch: int) -> Decision:
+    def _decide(self, decode: list[Request]) -> Decision:
         spec = self.spec
         if spec is None or self.draft is None:
             return Decision(False, reason="no spec")
-        ctx = PolicyContext(self.step_id, decode_batch, spec.num_steps, spec.topk,
-                            spec.num_draft_tokens or spec.num_steps + 1)
+        ctx = PolicyContext(self.step_id, len(decode), spec.num_steps, spec.topk,
+                            spec.num_draft_tokens or spec.num_steps + 1,
+                            context_tokens=sum(r.kv_len for r in decode) // len(decode),
+                            draft_state=spec.draft_state)
         return spec.policy.decide(ctx)  # type: ignore[union-attr]
 
     def _emit_step(self, d: Decision, batch: int, mode: str, phases: dict[str, float],
@@ -666,6 +687,7 @@ class Engine:
         if len(greedy) == len(reqs):
             return greedy_verify(tree, logits)
         b, n = tree.tokens.shape
+        logits = logits.float()
         probs = torch.zeros_like(logits)
         coins = torch.zeros(b, n)
         final_u = torch.zeros(b)
@@ -676,7 +698,8 @@ class Engine:
                 probs[i] = process_probs(logits[i], r.sampling)
                 coins[i] = torch.rand(n, generator=r.generator)
                 final_u[i] = torch.rand((), generator=r.generator)
-        return sample_verify(tree, probs, coins, final_u)
+        dev = logits.device
+        return sample_verify(tree, probs, coins.to(dev), final_u.to(dev))
 
     def _record_accept(self, r: Request, m: int, drafted: int) -> None:
         met, st = r.metrics, self.stats

@@ -76,4 +76,4 @@ class KVPool:
         """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
         from workbench.kernels import compact_kv
 
-        compact_kv(self.k, self.v, src, dst)
+        compact_kv(self.k, self.v, src.to(self.k.device), dst.to(self.k.device))
