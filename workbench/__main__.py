@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("train-draft", help="train an EAGLE-3 head for a target (resumable)")
     try:
         from workbench.train.eagle3 import DraftTrainConfig
-    except ImportError as e:  # optional until the trainer lands; say so instead of hiding it
+    except ImportError:  # optional until the trainer lands; say so instead of hiding it
         d.set_defaults(fn=lambda ns: sys.exit(f"train-draft unavailable: {e}"))
     else:
         add_dataclass_args(d, DraftTrainConfig)

@@ -43,12 +43,13 @@ class SpecBenchResult:
         return out / f"{name}.json"
 
 
-def run_spec_bench(engine: Any, prompts: list[str], arms: dict[str, SpecConfig | None] | None = None,
+def run_spec_bench(engine: Any, prompts: list[str],
+                   arms: dict[str, SpecConfig | None] | None = None,
                    max_new_tokens: int = 128, warmup: int = 1) -> SpecBenchResult:
     """bs=1 greedy. Rows: one per (prompt, arm) with tokens, seconds, tok/s, τ, lossless."""
     arms = arms or DEFAULT_ARMS
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
-    for name, spec in arms.items():  # warm-up: allocator, rotary tables, first-call overheads
+    for spec in arms.values():  # warm-up: allocator, rotary tables, first-call overheads
         for p in prompts[:warmup]:
             engine.generate([p], sp, spec=spec)
     rows = []

@@ -1,4 +1,4 @@
-"""The engine: staged all-or-nothing init, then one ``step`` loop for plain and speculative decoding.
+"""The engine: staged all-or-nothing init, then one ``step`` loop for plain and speculative steps.
 
 A step (DESIGN.md §4): schedule → prefill chunks → policy → [draft tree → verify (one target
 forward over every request's tree) → accept → commit KV] or [one plain decode forward] →
@@ -17,7 +17,7 @@ import torch
 
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
-from workbench.core import Request, RequestOutput, StepOutput, StepStats
+from workbench.core import Request, RequestOutput, StepOutput
 from workbench.engine.attention import PagedAttention
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.sampler import make_generator, process_probs, sample_rows
@@ -431,18 +431,21 @@ class Engine:
         if decode:
             decision = self._decide(decode)
             spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
-            plain_reqs = [r for r in decode if r not in spec_reqs]
             accepted: list[int] = []
             if spec_reqs:
                 spec_reqs, accepted = self._spec_step(spec_reqs, decision, outputs, phases)
                 mode = "spec"
+            # Everything that did not speculate (policy off, draft not ready) decodes plainly.
+            done = {id(r) for r in spec_reqs}
+            plain_reqs = [r for r in decode if id(r) not in done and not r.finished]
             if plain_reqs:
                 self._plain_step(plain_reqs, outputs, phases)
                 mode = "plain" if not spec_reqs else "spec"
             total = _ms(t_start)
             self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
             if self.spec is not None:
-                self.spec.policy.observe(decision, total - phases.get("prefill", 0.0), accepted)  # type: ignore[union-attr]
+                self.spec.policy.observe(  # type: ignore[union-attr]
+                    decision, total - phases.get("prefill", 0.0), accepted)
             if self.trace.enabled:
                 self._emit_step(decision, len(decode), mode, phases, total)
         elif sched.prefill:
@@ -498,7 +501,15 @@ class Engine:
 
     def _draft_extend(self, reqs: list[Request]) -> None:
         """Feed the draft every position it has not seen: (feature at p, token at p+1)."""
-        reqs = [r for r in reqs if r.draft_len < r.kv_len and r.pending_feats is not None]
+        todo = []
+        for r in reqs:
+            if r.draft_len == r.kv_len:
+                continue
+            if r.pending_feats is None or r.pending_feats.shape[0] != r.kv_len - r.draft_len:
+                r.spec_capable = False  # features were not kept (spec toggled off): plain only
+                continue
+            todo.append(r)
+        reqs = todo
         if not reqs:
             return
         faults.check("step:extend")
@@ -545,6 +556,8 @@ class Engine:
             n = e - s
             if aux is not None and r.spec_capable:
                 self._keep_feats(r, aux[offs : offs + n])
+            elif r.spec_capable:
+                r.spec_capable = False
             r.kv_len = e
             if not r.in_prefill:
                 done.append(r)
@@ -592,6 +605,8 @@ class Engine:
             if aux is not None and r.spec_capable:
                 self._keep_feats(r, aux[i : i + 1])
                 warm.append(r)
+            elif r.spec_capable:
+                r.spec_capable = False  # spec was switched off engine-wide: no features kept
             self._emit(r, [int(toks[i])], [False], outputs)
         if warm and self.spec is not None and self.spec.draft_state == "warm":
             t = time.perf_counter()
@@ -612,6 +627,9 @@ class Engine:
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
         t = time.perf_counter()
         self._draft_extend(reqs)
+        reqs = [r for r in reqs if r.spec_capable and r.draft_logits is not None]
+        if not reqs:
+            return [], []
         # 2. Draft: build every request's tree.
         faults.check("step:draft")
         b = len(reqs)

@@ -58,7 +58,8 @@ class Scheduler:
     def ensure_decode_room(self, reqs: list[Request], lookahead: int) -> list[Request]:
         """Reserve kv_len + lookahead positions for each request, preempting the newest
         running requests when the pool is short. Returns the requests that still decode."""
-        keep = list(reqs)
+        # A request preempted earlier in this step (by another batch) no longer decodes.
+        keep = [r for r in reqs if r.status is Status.RUNNING and not r.in_prefill]
         i = 0
         while i < len(keep):
             req = keep[i]

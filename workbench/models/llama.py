@@ -123,7 +123,8 @@ class Attention(nn.Module):
             b = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]).detach()
         self.fused = (w, b)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x: (..., T, D) → q (..., T, H, hd), k/v (..., T, Hkv, hd), rope applied."""
         if self.fused is not None:
             out = F.linear(x, *self.fused)
