@@ -132,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("train-draft", help="train an EAGLE-3 head for a target (resumable)")
     try:
         from workbench.train.eagle3 import DraftTrainConfig
-    except ImportError:  # optional until the trainer lands; say so instead of hiding it
-        d.set_defaults(fn=lambda ns: sys.exit(f"train-draft unavailable: {e}"))
+    except ImportError as e:  # optional until the trainer lands; say so instead of hiding it
+        msg = f"train-draft unavailable: {e}"
+        d.set_defaults(fn=lambda ns: sys.exit(msg))
     else:
         add_dataclass_args(d, DraftTrainConfig)
         d.set_defaults(fn=cmd_train_draft)
