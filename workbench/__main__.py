@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--out", default="data/results")
     b.add_argument("--quick", action="store_true")
+    b.add_argument("--assistant", default="data/models/wb-assistant",
+                   help="small draft LM for transformers assisted generation (peers)")
     b.set_defaults(fn=cmd_bench)
 
     dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")

@@ -98,8 +98,11 @@ def bench_peers(ns: argparse.Namespace) -> int:
     engine = _engine(ns, need_draft=False)
     try:
         spec = SpecConfig() if engine.draft is not None else None
+        assistant = getattr(ns, "assistant", None)
+        if assistant and not (Path(assistant) / "config.json").is_file():
+            assistant = None  # no small draft LM shipped: the assisted arm is left out
         rows, summary, machine = run_peers(engine, prompts, max_new_tokens=_max_new(ns),
-                                           spec=spec)
+                                           spec=spec, assistant=assistant)
     finally:
         engine.close()
     _show("peers, bs=1, greedy (ratios vs hf generate)", summary)
