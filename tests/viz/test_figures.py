@@ -357,3 +357,14 @@ def test_step_timing_event_fields_cover_phases() -> None:
     names = set(StepTiming.__dataclass_fields__)
     assert all(f"{p}_ms" in names for p in TIMING_PHASES)
     assert not math.isnan(StepTiming(step=0, batch_size=1, mode="plain").total_ms)
+
+
+def test_warm_vs_cold() -> None:
+    df = pd.DataFrame({"concurrency": [1, 4], "warm_switch_extra_ms": [0.1, 0.2],
+                       "cold_switch_extra_ms": [1.0, 2.0], "warm_plain_ms": [3.0, 4.0],
+                       "cold_plain_ms": [2.0, 3.0]})
+    fig = F.warm_vs_cold(df)
+    assert_dressed(fig)
+    t = by_name(fig)
+    assert list(t) == ["warm switch", "cold switch", "warm plain", "cold plain"]
+    assert list(t["cold switch"].y) == [1.0, 2.0] and list(t["warm plain"].x) == ["1", "4"]

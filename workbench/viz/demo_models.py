@@ -72,8 +72,10 @@ class DemoModels:
         """One line for a notebook: which models, from where."""
         if self.kind == "shipped":
             return f"shipped models: {self.target.name} + {self.draft.name}"
-        return (f"micro models (8 x 64 target, vocab 300, + micro EAGLE-3 head) in "
-                f"{self.target.parent}")
+        where = self.target.parent
+        if where.is_relative_to(REPO_ROOT):
+            where = where.relative_to(REPO_ROOT)
+        return f"micro models (8 x 64 target, vocab 300, + micro EAGLE-3 head) in {where}"
 
 
 def shipped_available() -> bool:

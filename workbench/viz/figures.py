@@ -15,6 +15,7 @@ function                   input
 ``concurrency_curves``     concurrency sweep table (see :data:`CONCURRENCY_COLUMNS`)
 ``policy_timeline``        ``frame("policy")``: decode batch, speculate or not, step time
 ``init_stages``            ``frame("init")``: engine init stages and their status
+``warm_vs_cold``           ``bench.concurrency.switch_costs``: cost of switching, warm vs cold
 ``training_curves``        ``train_draft`` summary ``history``: loss and per-step accuracy
 ``colored_text``           token ids + ``RequestOutput.from_draft``: text coloured by source
 =========================  ==================================================================
@@ -585,6 +586,35 @@ def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline", width: int 
     fig.update_yaxes(title="tok/s (all requests)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="ms (solid ITL, dotted TTFT)", rangemode="tozero", row=1, col=2)
     return _layout(fig, "Throughput and latency vs concurrency", width, height)
+
+
+def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
+                 height: int = HEIGHT) -> go.Figure:
+    """What turning speculation off and on costs, warm vs cold draft, per concurrency, from
+    ``workbench.bench.concurrency.switch_costs`` (columns concurrency, warm_switch_extra_ms,
+    cold_switch_extra_ms, warm_plain_ms, cold_plain_ms).
+
+    Left: extra ms of a speculative step right after an off step (cold pays the draft
+    catch-up there). Right: ms of a plain step (warm pays a draft extend on every one).
+    Traces ``warm switch``, ``cold switch``, ``warm plain``, ``cold plain``.
+    """
+    _require(switch_df, ("concurrency", "warm_switch_extra_ms", "cold_switch_extra_ms",
+                         "warm_plain_ms", "cold_plain_ms"), "warm_vs_cold")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("extra ms when speculation switches on",
+                                        "ms of a plain step"))
+    xs = [str(c) for c in switch_df["concurrency"]]
+    for col, what in ((1, "switch"), (2, "plain")):
+        for state, color in (("warm", "#ff7f0e"), ("cold", "#1f77b4")):
+            key = f"{state}_switch_extra_ms" if what == "switch" else f"{state}_plain_ms"
+            fig.add_trace(go.Bar(x=xs, y=switch_df[key], name=f"{state} {what}",
+                                 marker_color=color, legendgroup=state,
+                                 showlegend=col == 1 or what == "plain"), row=1, col=col)
+    fig.update_xaxes(title="concurrent requests", type="category")
+    fig.update_yaxes(title="ms", row=1, col=1)
+    fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=2)
+    return _layout(fig, "Warm vs cold draft: pay on every plain step, or once per switch",
+                   width, height, barmode="group")
 
 
 def training_curves(history: Sequence[dict[str, Any]], width: int = WIDTH,

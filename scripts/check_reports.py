@@ -1,0 +1,153 @@
+"""Open every exported report in headless Chromium and check that it rendered, offline.
+
+    python scripts/check_reports.py                  # reports/manifest.json → all pages
+    python scripts/check_reports.py --reports /tmp/r --json /tmp/r/check.json
+
+Per page (``file://``, Debian's ``/usr/bin/chromium`` driven by playwright-python; never
+``playwright install``): wait for ``.js-plotly-plot .main-svg``, count plotly figures drawn
+(``.js-plotly-plot`` holding a ``.main-svg``) against those the manifest expects, count widget
+views rendered by the html-manager against the widget outputs, collect console errors, page
+errors and failed requests (the pages must need no network), and save a full-page screenshot
+to ``reports/screenshots/<page>.png``. Exit status 1 if any page falls short or logged an
+error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PLOTS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+                     .filter(p => p.querySelector('.main-svg')).length"""
+# html-manager renders each widget-view <script> into a new element beside it (same parent)
+VIEW_ROOTS_JS = """() => Array.from(document.querySelectorAll(
+    'script[type="application/vnd.jupyter.widget-view+json"]'))
+    .filter(s => s.parentElement && s.parentElement.querySelector('.jupyter-widgets, .widget-box,'
+        + ' .lm-Widget')).length"""
+
+
+@dataclass
+class PageCheck:
+    page: str
+    plotly_expected: int
+    plotly_rendered: int = 0
+    widgets_expected: int = 0
+    widgets_rendered: int = 0
+    console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    screenshot: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (self.plotly_rendered >= self.plotly_expected and
+                self.widgets_rendered >= self.widgets_expected and
+                not self.console_errors and not self.failed_requests)
+
+
+def load_manifest(reports: Path) -> list[dict[str, Any]]:
+    """Pages from ``manifest.json``; without one, every ``*.html`` with expectations read
+    from the page itself (plotly divs and widget-view scripts)."""
+    path = reports / "manifest.json"
+    if path.is_file():
+        return json.loads(path.read_text())["pages"]
+    pages = []
+    for html in sorted(reports.glob("*.html")):
+        text = html.read_text(encoding="utf-8", errors="replace")
+        pages.append({"html": html.name, "plotly_figures": text.count('class="plotly-graph-div"'),
+                      "widget_views": text.count("application/vnd.jupyter.widget-view+json")})
+    return pages
+
+
+def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: int,
+               shots: Path, timeout_ms: int, widgets_offline: bool) -> PageCheck:
+    """Open one page, wait for it to render, count, screenshot."""
+    res = PageCheck(html.name, expected_plots, widgets_expected=expected_widgets
+                    if widgets_offline else 0)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.on("console", lambda m: res.console_errors.append(m.text[:300])
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: res.console_errors.append(f"pageerror: {str(e)[:300]}"))
+    page.on("requestfailed", lambda r: res.failed_requests.append(
+        f"{r.url[:200]} ({r.failure})"))
+    t0 = time.perf_counter()
+    page.goto(html.resolve().as_uri(), wait_until="load", timeout=timeout_ms)
+    deadline = time.perf_counter() + timeout_ms / 1e3
+    if expected_plots:
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=timeout_ms)
+    # Figures and widgets render asynchronously: poll until the counts stop short of nothing.
+    while time.perf_counter() < deadline:
+        res.plotly_rendered = page.evaluate(PLOTS_JS)
+        res.widgets_rendered = page.evaluate(VIEW_ROOTS_JS)
+        if res.plotly_rendered >= expected_plots and res.widgets_rendered >= res.widgets_expected:
+            break
+        page.wait_for_timeout(250)
+    page.wait_for_timeout(500)  # let late console errors arrive
+    res.seconds = round(time.perf_counter() - t0, 1)
+    shots.mkdir(parents=True, exist_ok=True)
+    shot = shots / f"{html.stem}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    res.screenshot = str(shot.relative_to(html.parent)) if shot.is_relative_to(html.parent) \
+        else str(shot)
+    page.close()
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reports", type=Path, default=REPO / "reports")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per page")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ns = ap.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} not found: apt-get install -y chromium", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    pages = load_manifest(ns.reports)
+    if not pages:
+        print(f"no pages in {ns.reports}", file=sys.stderr)
+        return 1
+    manifest = ns.reports / "manifest.json"
+    offline = True
+    if manifest.is_file():
+        offline = json.loads(manifest.read_text())["widgets"].get("renderer") == "offline"
+    results: list[PageCheck] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            for entry in pages:
+                results.append(check_page(browser, ns.reports / entry["html"],
+                                          int(entry.get("plotly_figures", 0)),
+                                          int(entry.get("widget_views", 0)),
+                                          ns.reports / "screenshots", int(ns.timeout * 1e3),
+                                          offline))
+        finally:
+            browser.close()
+    print(f"{'page':45s} {'plotly':>9s} {'widgets':>9s} {'errors':>6s} {'failed':>6s}  "
+          "screenshot")
+    for r in results:
+        print(f"{r.page:45s} {r.plotly_rendered:>4d}/{r.plotly_expected:<4d} "
+              f"{r.widgets_rendered:>4d}/{r.widgets_expected:<4d} {len(r.console_errors):>6d} "
+              f"{len(r.failed_requests):>6d}  {r.screenshot}  {'ok' if r.ok else 'FAIL'}")
+        for e in r.console_errors + r.failed_requests:
+            print(f"    {e}")
+    if not offline:
+        print("note: widgets were exported with CDN URLs (no npm); widget views not counted")
+    if ns.json is not None:
+        ns.json.write_text(json.dumps([{**asdict(r), "ok": r.ok} for r in results], indent=2)
+                           + "\n")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

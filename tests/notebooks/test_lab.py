@@ -1,0 +1,113 @@
+"""JupyterLab smoke test: start ``jupyter lab`` on a free port with a token, open
+01_quickstart in headless Chromium, Run All Cells, and see plotly figures rendered by Lab's
+own plotly renderer with no error output. The notebook runs from a temporary copy so Lab's
+autosave never touches the repository."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from nb_browser import CHROMIUM, CHROMIUM_ARGS, REPO
+
+pytest.importorskip("playwright")
+pytest.importorskip("jupyterlab")
+
+NOTEBOOK = "01_quickstart.ipynb"
+pytestmark = pytest.mark.slow  # kernel start + the notebook + Lab's UI: ~1-3 min on 2 cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """(base URL with token, root folder) of a running JupyterLab serving a copy of 01."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    shutil.copy(REPO / "notebooks" / NOTEBOOK, root / NOTEBOOK)
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "WORKBENCH_FAST": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    log = (tmp_path / "lab.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--ip", "127.0.0.1", "--port", str(port),
+         "--allow-root", "--no-browser", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--ServerApp.disable_check_xsrf=True"],
+        stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    pytest.fail("jupyter lab did not start:\n" +
+                                (tmp_path / "lab.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", root
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url, _ = lab
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(url, timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            # the kernel must be up before Run All (status shown in the toolbar)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                                   timeout=120_000)
+            page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+            page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+            figure = ".jp-OutputArea-output .js-plotly-plot .main-svg"
+            page.wait_for_selector(figure, timeout=300_000)
+            # Run All is done when no prompt shows [*] and the kernel is idle again.
+            page.wait_for_function(
+                """() => !Array.from(document.querySelectorAll('.jp-InputArea-prompt'))
+                        .some(p => p.textContent.includes('*'))""", timeout=300_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                                   timeout=60_000)
+            figures = page.locator(".jp-OutputArea-output .js-plotly-plot").count()
+            tracebacks = page.locator(".jp-OutputArea-output",
+                                      has_text="Traceback (most recent call last)").count()
+            lossless = page.locator(".jp-OutputArea-output",
+                                    has_text="lossless (greedy, token for token): True").count()
+            shot = tmp_path / "lab_01_quickstart.png"
+            page.screenshot(path=str(shot), full_page=False)
+        finally:
+            browser.close()
+    assert tracebacks == 0
+    assert lossless == 1
+    assert figures >= 4  # colored text, speedup bars, τ histogram (+ the first one above)
+    assert shot.stat().st_size > 20_000
+    assert not errors, errors

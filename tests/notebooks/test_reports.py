@@ -1,0 +1,56 @@
+"""Export one fast notebook to HTML and check it in headless Chromium, offline: every plotly
+figure drawn, widget views rendered by the vendored html-manager, no console errors, no
+network requests, a screenshot written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nb_browser import REPO
+
+pytest.importorskip("playwright")
+pytest.importorskip("nbclient")
+
+NOTEBOOK = REPO / "notebooks" / "01_quickstart.ipynb"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reports")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "export_reports.py"), "--fast",
+                           "--out", str(out), str(NOTEBOOK)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_export_writes_page_and_manifest(exported: Path) -> None:
+    manifest = json.loads((exported / "manifest.json").read_text())
+    (page,) = manifest["pages"]
+    assert page["html"] == "01_quickstart.html" and page["error"] is None
+    assert page["plotly_figures"] >= 4  # colored text, speedup bars, τ histogram, ...
+    html = (exported / page["html"]).read_text()
+    assert "cdn.plot.ly" not in html and "cdnjs.cloudflare.com" not in html
+    assert html.count('class="plotly-graph-div"') == page["plotly_static"]
+    if manifest["widgets"]["renderer"] == "offline":
+        assert (exported / "vendor" / "embed-amd.js").is_file()
+        assert 'src="vendor/require.js"' in html
+
+
+def test_page_renders_offline_in_chromium(exported: Path) -> None:
+    out = exported / "check.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_reports.py"),
+                           "--reports", str(exported), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    (res,) = json.loads(out.read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert res["ok"] and res["plotly_rendered"] == res["plotly_expected"] >= 4
+    assert res["console_errors"] == [] and res["failed_requests"] == []
+    shot = exported / res["screenshot"]
+    assert shot.is_file() and shot.stat().st_size > 20_000
