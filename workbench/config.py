@@ -29,6 +29,11 @@ class EngineConfig:
     self_check: bool = True
     allow_baseline_fallback: bool = False  # draft init failure → explicit baseline engine
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    # "auto": flashinfer on CUDA when it imports, else triton on CUDA, else torch
+    attention_backend: Literal["auto", "torch", "triton", "flashinfer"] = "auto"
+    cuda_graphs: bool = True  # capture decode CUDA graphs at init (CUDA only; CPU skips)
+    cuda_graphs_fallback: bool = False  # capture failure → eager engine + "fallback" InitStage
+    overlap_schedule: bool = False  # CUDA: async metadata staging (engine/overlap.py); CPU no-op
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -40,6 +45,13 @@ class EngineConfig:
                 raise ConfigError(f"EngineConfig.{name}: must be a positive integer, got {v!r}")
         if self.kv_budget_tokens < self.page_size:
             raise ConfigError("EngineConfig.kv_budget_tokens: smaller than one page")
+        if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
+            raise ConfigError(f"EngineConfig.attention_backend: {self.attention_backend!r} not "
+                              "in auto/torch/triton/flashinfer")
+        for name in ("cuda_graphs", "cuda_graphs_fallback", "overlap_schedule"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"EngineConfig.{name}: must be a bool, got "
+                                  f"{getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)

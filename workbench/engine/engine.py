@@ -19,6 +19,7 @@ from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import Request, RequestOutput, StepOutput
 from workbench.engine.attention import PagedAttention
+from workbench.engine.backends import backend_name, make_attention_backend
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.sampler import make_generator, process_probs, sample_rows
 from workbench.engine.scheduler import Scheduler
@@ -74,6 +75,7 @@ class Engine:
         self.pool: KVPool | None = None
         self.attn: PagedAttention | None = None
         self.draft_attn: PagedAttention | None = None
+        self.graphs: Any = None  # cuda_graphs.GraphRunner on CUDA, else None (eager)
         self.scheduler: Scheduler | None = None
         self.spec: SpecConfig | None = None
         self.stats = EngineStats()
@@ -98,7 +100,7 @@ class Engine:
 
     # -- staged init ----------------------------------------------------------------------
     def _init(self) -> None:
-        stages: list[tuple[str, Callable[[], None]]] = [
+        stages: list[tuple[str, Callable[[], str | None]]] = [
             ("load_config", self._stage_load_config),
             ("load_target", self._stage_load_target),
             ("load_draft", self._stage_load_draft),
@@ -112,16 +114,20 @@ class Engine:
             t0 = time.perf_counter()
             try:
                 faults.check(f"init:{name}")
-                fn()
+                detail = fn()
             except Exception as e:  # re-raised as EngineInitError after freeing everything
                 if self._draft_stage(name) and self.config.allow_baseline_fallback:
                     self._drop_draft(f"{type(e).__name__}: {e}")
                     self._record_stage(name, "fallback", t0, f"{type(e).__name__}: {e}")
                     continue
+                if name == "cuda_graphs" and self.config.cuda_graphs_fallback:
+                    self.graphs = None  # configured: run eagerly, said so in the InitStage event
+                    self._record_stage(name, "fallback", t0, f"{type(e).__name__}: {e}")
+                    continue
                 self._record_stage(name, "failed", t0, f"{type(e).__name__}: {e}")
                 self.close()
                 raise EngineInitError(name, e) from e
-            self._record_stage(name, "ok", t0, "")
+            self._record_stage(name, "ok", t0, detail or "")
 
     def _draft_stage(self, name: str) -> bool:
         return self.draft_path is not None and name in ("load_draft", "draft_attention_backend")
@@ -187,19 +193,33 @@ class Engine:
                            torch.float32, cfg.device, draft_shape)
         self.scheduler = Scheduler(self.pool, cfg.max_batch_size, cfg.max_prefill_tokens)
 
-    def _stage_attention_backend(self) -> None:
+    def _stage_attention_backend(self) -> str:
         assert self.pool is not None and self.model_config is not None
-        self.attn = PagedAttention(self.pool.k, self.pool.v, self.model_config.num_attention_heads)
+        self.attn = make_attention_backend(self.config.attention_backend, self.pool.k,
+                                           self.pool.v, self.model_config.num_attention_heads,
+                                           self.pool.page_size)
+        return f"backend={backend_name(self.attn)}"
 
     def _stage_draft_attention_backend(self) -> None:
         if self.draft is None:
             return
         assert self.pool is not None and self.pool.dk is not None and self.pool.dv is not None
-        self.draft_attn = PagedAttention(self.pool.dk, self.pool.dv,
-                                         self.draft.config.num_attention_heads)
+        self.draft_attn = make_attention_backend(self.config.attention_backend, self.pool.dk,
+                                                 self.pool.dv,
+                                                 self.draft.config.num_attention_heads,
+                                                 self.pool.page_size)
 
-    def _stage_cuda_graphs(self) -> None:
-        """CPU: nothing to capture. On CUDA the graph runner (kernels issue) captures here."""
+    def _stage_cuda_graphs(self) -> str:
+        """CUDA: capture decode graphs (engine/cuda_graphs.py). CPU or cuda_graphs=False: skipped
+        (status "ok", detail "skipped: ..."); the engine then runs every forward eagerly."""
+        if torch.device(self.config.device).type != "cuda":
+            return "skipped: not a CUDA device"
+        if not self.config.cuda_graphs:
+            return "skipped: EngineConfig.cuda_graphs=False"
+        from workbench.engine import cuda_graphs
+
+        self.graphs = cuda_graphs.capture(self)
+        return f"captured {len(self.graphs.graphs)} graphs ({self.graphs.attention} attention)"
 
     def _stage_self_check(self) -> None:
         if not self.config.self_check:
@@ -393,6 +413,7 @@ class Engine:
                 self.scheduler.finish(req)
         self.pool = None
         self.attn = self.draft_attn = None
+        self.graphs = None
         self.scheduler = None
         self.target = None
         self.draft = None
@@ -495,8 +516,13 @@ class Engine:
             all_slots = self.pool.slots(r.blocks, 0, e)
             write.append(all_slots[s:])
             kv.append(all_slots)
-        self.attn.plan(torch.cat(write), [e - s for s, e in zip(starts, ends, strict=True)], kv,
-                       tree_masks)
+        q_lens = [e - s for s, e in zip(starts, ends, strict=True)]
+        if self.graphs is not None:
+            out = self.graphs.run(tokens, positions, torch.cat(write), q_lens, kv, tree_masks,
+                                  want_aux)
+            if out is not None:
+                return out  # type: ignore[no-any-return]
+        self.attn.plan(torch.cat(write), q_lens, kv, tree_masks)
         return self.target(tokens, positions, self.attn, self.aux_layers if want_aux else ())
 
     def _draft_extend(self, reqs: list[Request]) -> None:
