@@ -7,7 +7,10 @@ Sections, each timed with CUDA events and bounded by ``--budget-s``:
    mask (when installed), on Llama-3-8B attention shapes (H 32, Hkv 8, hd 128, bf16, page 16);
 3. decode_bandwidth: an 8B-shaped Llama decode over random bf16 weights (32 layers of q/k/v/o
    and a 4096x14336 gated MLP, plus the LM head): weight bytes read per forward / measured time,
-   against the H200's ~4.8 TB/s HBM bound and a measured device-to-device copy.
+   against the H200's ~4.8 TB/s HBM bound and a measured device-to-device copy;
+4. decode_step: the engine's own decode path on an 8B-shaped random Llama over a paged pool —
+   each attention backend eager, replayed from CUDA graphs, and graphs with overlapped host
+   preparation (workbench/engine/{triton,flashinfer}_backend.py, cuda_graphs.py, overlap.py).
 
 Everything lands in one JSON file. A failing section records its error and the rest still run.
 """
@@ -373,6 +376,195 @@ def _graph_timing(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tens
     return timed_ms(graph.replay, device, warmup=2, reps=reps)
 
 
+# ---------------------------------------------------------------- 4. decode step (engine path)
+
+
+def _random_llama(cfg: Any, dtype: torch.dtype, device: torch.device) -> Any:
+    """A LlamaForCausalLM with random weights built directly in ``dtype`` on ``device``."""
+    from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # to_empty left junk
+    model.fuse()
+    return model.eval()
+
+
+class _DecodeLoop:
+    """B requests decoding one token per step over a paged pool (context ``ctx`` at start).
+
+    prepare(i) is the host work of step i (slot lists; the eager backend's plan, or the graph
+    runner's bucket + ragged plan), launch runs the forward + argmax on the device, finish
+    reads the tokens back (the per-step sync an engine needs for stop checks)."""
+
+    def __init__(self, model: Any, pool: Any, batch: int, ctx: int, device: torch.device
+                 ) -> None:
+        self.m, self.pool, self.batch, self.ctx, self.device = model, pool, batch, ctx, device
+        per_req = pool.num_blocks // batch
+        self.blocks = [list(range(b * per_req, (b + 1) * per_req)) for b in range(batch)]
+        self.tokens = torch.ones(batch, dtype=torch.int64, device=device)
+
+    def slots(self, i: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        kv = [self.pool.slots(blk, 0, self.ctx + i + 1) for blk in self.blocks]
+        return torch.cat([s[-1:] for s in kv]), kv, torch.full((self.batch,), self.ctx + i)
+
+    def eager_pipe(self, attn: Any) -> Any:
+        from workbench.engine.overlap import Pipeline
+
+        def prepare(i: int) -> torch.Tensor:
+            write, kv, pos = self.slots(i)
+            attn.plan(write, [1] * self.batch, kv)
+            return pos
+
+        def launch(pos: torch.Tensor) -> torch.Tensor:
+            hidden, _ = self.m(self.tokens, pos.to(self.device), attn)
+            self.tokens = self.m.logits(hidden).argmax(-1)
+            return self.tokens
+
+        return Pipeline(prepare, launch, lambda i, toks: toks.tolist())
+
+    def graph_pipe(self, runner: Any) -> Any:
+        from workbench.engine.overlap import Pipeline
+
+        def prepare(i: int) -> tuple[Any, torch.Tensor]:
+            write, kv, pos = self.slots(i)
+            prep = runner.prepare(write, [1] * self.batch, kv)
+            assert prep is not None, "no decode bucket for this batch"
+            return prep, pos
+
+        def launch(p: tuple[Any, torch.Tensor]) -> torch.Tensor:
+            hidden, _ = runner.launch(p[0], self.tokens, p[1])
+            self.tokens = self.m.logits(hidden).argmax(-1)
+            return self.tokens
+
+        return Pipeline(prepare, launch, lambda i, toks: toks.tolist())
+
+
+def _step_ms(pipe: Any, steps: int, overlap: bool, device: torch.device) -> float:
+    from workbench.engine.overlap import run_pipelined
+
+    run_pipelined(2, pipe, overlap)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    run_pipelined(steps, pipe, overlap)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def decode_step(device: torch.device, smoke: bool, budget: Budget) -> dict[str, Any]:
+    """Decode step time through the engine's own modules on an 8B-shaped random Llama (bf16,
+    paged pool, page 16): each attention backend eager, the same forward replayed from CUDA
+    graphs (engine/cuda_graphs.py), and graphs with overlapped host preparation
+    (engine/overlap.py: step N+1's slots and plan built while step N runs; pinned, side-stream
+    metadata copies). Step = host prep + forward + LM head + argmax + token readback."""
+    from workbench.engine.backends import make_attention_backend
+    from workbench.engine.cuda_graphs import GraphRunner
+    from workbench.engine.kv_cache import KVPool
+    from workbench.models.config import ModelConfig
+
+    batches: tuple[int, ...]
+    if smoke:
+        cfg = ModelConfig(family="llama", vocab_size=1000, hidden_size=256,
+                          intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+        batches, ctx, steps = (1, 4), 48, 3
+    else:
+        cfg = ModelConfig(family="llama", vocab_size=128256, hidden_size=4096,
+                          intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
+                          max_position_embeddings=8192)
+        dtype, batches, ctx, steps = torch.bfloat16, (1, 8, 32), 1024, 20
+    backends = []
+    if device.type == "cuda":
+        backends.append("triton")
+        try:
+            import flashinfer  # noqa: F401
+
+            backends.append("flashinfer")
+        except ImportError:
+            pass
+    else:
+        backends.append("torch")  # CPU smoke: eager torch, graphs in eager mode (reference)
+    page = 16
+    span = ctx + 2 * (steps + 2) + page
+    blocks = max(batches) * -(-span // page)
+    out: dict[str, Any] = {
+        "shape": dict(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
+                      heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                      head_dim=cfg.head_dim, vocab=cfg.vocab_size,
+                      dtype=str(dtype).removeprefix("torch.")),
+        "context": ctx, "steps": steps, "page_size": page, "rows": [],
+    }
+    model = _random_llama(cfg, dtype, device)
+    pool = KVPool(blocks, page, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                  dtype, str(device))
+    try:
+        for backend in backends:
+            if budget.left() < 20:
+                out["rows"].append({"backend": backend, "skipped": "time budget spent"})
+                continue
+            row: dict[str, Any] = {"backend": backend}
+            try:
+                attn = make_attention_backend(backend, pool.k, pool.v, cfg.num_attention_heads,
+                                              page)
+                t0 = time.monotonic()
+                runner = GraphRunner(
+                    model, pool.k, pool.v, num_heads=cfg.num_attention_heads, page_size=page,
+                    max_kv=span, buckets=batches,
+                    attention="flashinfer" if backend == "flashinfer" else "triton",
+                    mode="cuda" if device.type == "cuda" else "eager",
+                    kernel="triton" if device.type == "cuda" else "reference", overlap=True)
+                runner.capture()
+                row["capture_s"] = round(time.monotonic() - t0, 2)
+                row["overlap_staging"] = runner.overlap.enabled
+                for b in batches:
+                    if budget.left() < 10:
+                        row[f"b{b}"] = {"skipped": "time budget spent"}
+                        continue
+                    loop = _DecodeLoop(model, pool, b, ctx, device)
+                    with torch.inference_mode():
+                        t = time.perf_counter()
+                        for i in range(steps):
+                            loop.slots(i)
+                        host_ms = (time.perf_counter() - t) * 1e3 / steps
+                        r = {"host_slots_ms": host_ms,
+                             "eager_ms": _step_ms(loop.eager_pipe(attn), steps, False, device),
+                             "graph_ms": _step_ms(loop.graph_pipe(runner), steps, False, device),
+                             "graph_overlap_ms": _step_ms(loop.graph_pipe(runner), steps, True,
+                                                          device)}
+                    r["eager_over_graph"] = r["eager_ms"] / r["graph_ms"]
+                    r["graph_over_overlap"] = r["graph_ms"] / r["graph_overlap_ms"]
+                    row[f"b{b}"] = r
+                del runner, attn
+            except SECTION_ERRORS as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                row["traceback"] = traceback.format_exc(limit=8)
+            out["rows"].append(row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        del model, pool
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -404,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         sections: list[tuple[str, Callable[[], Any]]] = [
             ("decode_bandwidth", lambda: decode_bandwidth(device, args.smoke, budget)),
             ("tree_attention", lambda: bench_tree_attention(device, args.smoke, budget)),
+            ("decode_step", lambda: decode_step(device, args.smoke, budget)),
         ]
         for name, run in sections:
             _write(args.out, summary, t0)  # a run killed by its timeout keeps what it had
@@ -443,6 +636,14 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
                                              "fraction_of_hbm_bound")}
                       for r in decode.get("rows", [])]
     head["copy_tb_s"] = decode.get("copy_tb_s")
+    head["decode_step_ms"] = [
+        {"backend": r.get("backend"), **{k: {m: v.get(m) for m in ("eager_ms", "graph_ms",
+                                                                  "graph_overlap_ms")}
+                                         for k, v in r.items() if k[:1] == "b"
+                                         and k[1:].isdigit() and isinstance(v, dict)},
+         **({"error": r["error"]} if "error" in r else {})}
+        for r in summary.get("decode_step", {}).get("rows", [])
+    ]
     head["errors"] = summary["errors"]
     return head
 

@@ -70,6 +70,15 @@ def static_rotary(rotary: Any, cos: torch.Tensor, sin: torch.Tensor) -> Iterator
 
 
 @dataclass
+class Prepared:
+    """The host half of one replay: which bucket, and the ragged plan to stage into it."""
+
+    key: tuple[int, int]
+    plan: RaggedPlan
+    want_aux: bool
+
+
+@dataclass
 class BucketGraph:
     """One captured forward: ``batch`` requests × ``q_len`` tokens."""
 
@@ -111,6 +120,7 @@ class GraphRunner:
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._mempool: Any = None
         self._workspace: torch.Tensor | None = None
+        self._rows: dict[tuple[int, int, int], torch.Tensor] = {}
 
     # -- what gets captured --------------------------------------------------------------
     def keys(self) -> list[tuple[int, int]]:
@@ -164,8 +174,10 @@ class GraphRunner:
             if self._workspace is None:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8,
                                               device=self.device)
-            return FlashInferDecodeGraph(self.k_pool, self.v_pool, self.num_heads,
-                                         self.page_size, batch, self.max_kv, self._workspace)
+            fi = FlashInferDecodeGraph(self.k_pool, self.v_pool, self.num_heads, self.page_size,
+                                       batch, self.max_kv, self._workspace)
+            fi.pin = self.overlap.enabled
+            return fi
         return TritonTreeAttention.static(self.k_pool, self.v_pool, self.num_heads, batch,
                                           q_len, self.max_kv, kernel=self.kernel)
 
@@ -218,33 +230,44 @@ class GraphRunner:
                p: RaggedPlan) -> None:
         """Fill g's static inputs. Host inputs go through the overlap stager; inputs already on
         the device (a pipelined loop's sampled tokens) are gathered there, with no sync."""
-        rows = pad_rows(len(p.q_lens), g.batch, g.q_len)
+        n_real = len(p.q_lens)
+        rows = pad_rows(n_real, g.batch, g.q_len)
         host: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in ((g.tokens, tokens), (g.positions, positions)):
             if src.device == self.device and src.device.type != "cpu":
-                dst.copy_(src[rows.to(src.device, non_blocking=True)])
+                dst.copy_(src[self._device_rows(g, n_real, rows)])
             else:
                 host.append((dst, src.to("cpu")[rows]))
         g.attn.plan_static(p, host.extend)  # collect its copies: one staging per step
         self.overlap.stage(host)
 
-    @torch.inference_mode()
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
-            q_lens: list[int], kv_slots: list[torch.Tensor],
-            tree_masks: list[torch.Tensor | None] | None = None, want_aux: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Replay the forward ``target(tokens, positions, backend.plan(...))`` would compute,
-        or return None when no bucket fits (the caller runs it eagerly). Arguments as
-        ``_target_forward``/``PagedAttention.plan``; returns (hidden (T, D), aux or None),
-        fresh tensors."""
+    def _device_rows(self, g: BucketGraph, n_real: int, rows: torch.Tensor) -> torch.Tensor:
+        """pad_rows on the device, cached (a pageable host→device copy would block the host)."""
+        key = (g.batch, g.q_len, n_real)
+        if key not in self._rows:
+            self._rows[key] = rows.to(self.device)
+        return self._rows[key]
+
+    def prepare(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
+                tree_masks: list[torch.Tensor | None] | None = None, want_aux: bool = False
+                ) -> Prepared | None:
+        """Host half of a replay (no device work): the bucket and the ragged plan, or None when
+        no bucket fits. Arguments as ``PagedAttention.plan``."""
         if want_aux and not self.aux_layers:
             return None
         key = self.key_for(q_lens, [int(s.numel()) for s in kv_slots], tree_masks)
         if key is None:
             return None
-        g = self.graphs[key]
-        self._stage(g, tokens, positions, ragged_plan(write_slots, q_lens, kv_slots,
-                                                      tree_masks))
+        return Prepared(key, ragged_plan(write_slots, q_lens, kv_slots, tree_masks), want_aux)
+
+    @torch.inference_mode()
+    def launch(self, prep: Prepared, tokens: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Device half: stage the inputs and replay (asynchronous on CUDA). tokens, positions
+        (T,) on the host or the device. Returns (hidden (T, D), aux (T, n·D) or None), fresh
+        tensors (the next replay overwrites the graph's own outputs)."""
+        g = self.graphs[prep.key]
+        self._stage(g, tokens, positions, prep.plan)
         if g.graph is not None:
             g.graph.replay()
             hidden, aux = g.hidden, g.aux
@@ -253,8 +276,19 @@ class GraphRunner:
                 hidden, aux = self._forward(g)
         g.replays += 1
         assert hidden is not None
-        n = len(q_lens) * g.q_len
-        return hidden[:n].clone(), (aux[:n].clone() if want_aux and aux is not None else None)
+        n = len(prep.plan.q_lens) * g.q_len
+        return hidden[:n].clone(), (aux[:n].clone() if prep.want_aux and aux is not None
+                                    else None)
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+            q_lens: list[int], kv_slots: list[torch.Tensor],
+            tree_masks: list[torch.Tensor | None] | None = None, want_aux: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Replay the forward ``target(tokens, positions, backend)`` would compute after
+        ``backend.plan(write_slots, q_lens, kv_slots, tree_masks)``, or return None when no
+        bucket fits (the caller runs it eagerly). = ``launch(prepare(...))``."""
+        prep = self.prepare(write_slots, q_lens, kv_slots, tree_masks, want_aux)
+        return None if prep is None else self.launch(prep, tokens, positions)
 
 
 def capture(engine: Any, *, mode: Mode = "cuda", buckets: Sequence[int] | None = None,

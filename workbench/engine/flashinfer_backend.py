@@ -201,6 +201,7 @@ class FlashInferDecodeGraph:
             paged_kv_last_page_len_buffer=self._last)
         self.write_slots = torch.zeros(batch, dtype=torch.int64, device=dev)
         self.row_src = torch.arange(batch, dtype=torch.int64, device=dev)
+        self.pin = False  # GraphRunner sets it with overlap: plan from pinned host tensors
 
     def plan_static(self, p: RaggedPlan, stage: Stage | None = None) -> None:
         """Host plan of ``n_real <= batch`` one-token requests → the fixed buffers (``stage``
@@ -216,6 +217,8 @@ class FlashInferDecodeGraph:
         kv = [p.kv_indices[r, : int(p.kv_lens[r])] for r in rows.tolist()]
         (stage or copy_all)([(self.write_slots, p.write_slots[rows]), (self.row_src, rows)])
         indptr, indices, last = page_table(kv, self.page_size)
+        if self.pin:  # pageable host→device copies would wait for the replay in flight
+            indptr, indices, last = (t.pin_memory() for t in (indptr, indices, last))
         self._wrapper.plan(indptr, indices, last, self.h, self.kv_heads, self.head_dim,
                            self.page_size, pos_encoding_mode="NONE", q_data_type=self.dtype,
                            kv_data_type=self.dtype, sm_scale=self.sm_scale)
