@@ -439,10 +439,8 @@ class Engine:
         self.step_id += 1
         outputs: dict[int, StepOutput] = {}
         phases: dict[str, float] = {}
-        t = time.perf_counter()
         faults.check("step:schedule")
         sched = self.scheduler.schedule()
-        phases["schedule"] = _ms(t)
         if sched.prefill:
             t = time.perf_counter()
             self._prefill(sched.prefill, outputs)
@@ -452,6 +450,9 @@ class Engine:
         if decode:
             decision = self._decide(decode)
             spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
+            # phases are contiguous: "schedule" runs from the step's start to the decode work
+            # (scheduling + policy decision); prefill is timed on its own
+            phases["schedule"] = _ms(t_start) - phases.get("prefill", 0.0)
             accepted: list[int] = []
             if spec_reqs:
                 spec_reqs, accepted = self._spec_step(spec_reqs, decision, outputs, phases)
@@ -497,11 +498,12 @@ class Engine:
             draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
             accept_ms=phases.get("accept", 0.0), commit_ms=phases.get("commit", 0.0),
             extend_ms=phases.get("extend", 0.0) + phases.get("decode", 0.0), total_ms=total))
-        assert self.pool is not None
+        assert self.pool is not None and self.scheduler is not None
+        # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every
+        # request not yet released, so summing over it would grow with the engine's lifetime
         self.trace.emit(ev.KVUsage(t=now, step=self.step_id, used_blocks=self.pool.used_blocks,
                                    total_blocks=self.pool.num_blocks,
-                                   used_tokens=sum(r.kv_len for r in self.requests.values()
-                                                   if not r.finished)))
+                                   used_tokens=sum(r.kv_len for r in self.scheduler.running)))
 
     # -- forward helpers -----------------------------------------------------------------------
     def _target_forward(self, reqs: list[Request], starts: list[int], ends: list[int],
@@ -567,13 +569,13 @@ class Engine:
     def _prefill(self, chunks: list[tuple[Request, int, int]],
                  outputs: dict[int, StepOutput]) -> None:
         faults.check("step:prefill")
+        t0 = time.perf_counter()
         reqs = [c[0] for c in chunks]
         starts = [c[1] for c in chunks]
         ends = [c[2] for c in chunks]
         tokens = torch.cat([torch.tensor(r.tokens[s:e]) for r, s, e in chunks])
         positions = torch.cat([torch.arange(s, e) for _, s, e in chunks])
         want_aux = self.draft is not None and any(r.spec_capable for r in reqs)
-        t0 = time.perf_counter()
         hidden, aux = self._target_forward(reqs, starts, ends, tokens, positions,
                                            want_aux=want_aux)
         offs = 0
@@ -595,23 +597,24 @@ class Engine:
                     tok = int(sample_rows(logits, [r.sampling], [r.generator])[0])
                     self._emit(r, [tok], [False], outputs)
             offs += n
+        spec_done = [r for r in done if r.spec_capable and not r.finished]
+        if spec_done and self.spec is not None and self.spec.draft_state == "warm":
+            self._draft_extend(spec_done)
         if self.trace.enabled:
             self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
                                        num_tokens=int(tokens.numel()),
                                        chunked=any(r.in_prefill for r in reqs),
                                        seconds=time.perf_counter() - t0))
-        spec_done = [r for r in done if r.spec_capable and not r.finished]
-        if spec_done and self.spec is not None and self.spec.draft_state == "warm":
-            self._draft_extend(spec_done)
 
     # -- plain decode --------------------------------------------------------------------------
     def _plain_step(self, reqs: list[Request], outputs: dict[int, StepOutput],
                     phases: dict[str, float]) -> None:
         assert self.scheduler is not None and self.target is not None
+        t = time.perf_counter()
         reqs = self.scheduler.ensure_decode_room(reqs, 1)
         if not reqs:
+            phases["decode"] = phases.get("decode", 0.0) + _ms(t)
             return
-        t = time.perf_counter()
         kv = [r.kv_len for r in reqs]
         tokens = torch.tensor([r.tokens[-1] for r in reqs])
         want_aux = self.spec is not None and self.draft is not None and \
@@ -622,6 +625,7 @@ class Engine:
         faults.check("step:sampler")
         toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
         phases["decode"] = phases.get("decode", 0.0) + _ms(t)
+        t = time.perf_counter()
         warm = []
         for i, r in enumerate(reqs):
             if self._bad_logits(r, logits[i : i + 1], outputs):
@@ -634,6 +638,7 @@ class Engine:
             elif r.spec_capable:
                 r.spec_capable = False  # spec was switched off engine-wide: no features kept
             self._emit(r, [int(toks[i])], [False], outputs)
+        phases["commit"] = phases.get("commit", 0.0) + _ms(t)
         if warm and self.spec is not None and self.spec.draft_state == "warm":
             t = time.perf_counter()
             self._draft_extend([r for r in warm if not r.finished])
@@ -647,14 +652,16 @@ class Engine:
         assert self.scheduler is not None and self.target is not None and self.pool is not None
         assert self.draft is not None and self.spec is not None
         n_nodes = d.num_draft_tokens
+        t = time.perf_counter()
         reqs = self.scheduler.ensure_decode_room(reqs, n_nodes)
         if not reqs:
+            phases["draft"] = _ms(t)
             return [], []
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
-        t = time.perf_counter()
         self._draft_extend(reqs)
         reqs = [r for r in reqs if r.spec_capable and r.draft_logits is not None]
         if not reqs:
+            phases["draft"] = _ms(t)
             return [], []
         # 2. Draft: build every request's tree.
         faults.check("step:draft")
@@ -683,11 +690,14 @@ class Engine:
         faults.check("step:accept")
         res = self._accept(reqs, tree, logits)
         phases["accept"] = _ms(t)
-        # 5. Commit: move each accepted path's KV to consecutive positions; emit tokens.
+        # 5. Commit: move every accepted path's KV to consecutive positions, then per request
+        # emit its TreeBuilt/Verified, then advance it. A fatal hook raising on request i's
+        # events leaves requests before i committed and i onwards untouched (their moved rows
+        # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
         t = time.perf_counter()
         faults.check("step:commit")
         src, dst = [], []
-        keep: list[Request] = []
+        ok: list[tuple[int, Request, int, torch.Tensor]] = []
         assert aux is not None
         aux = aux.view(b, n, -1)
         for i, r in enumerate(reqs):
@@ -700,18 +710,21 @@ class Engine:
             if bool(moved.any()):
                 src.append(slots[path[moved]])
                 dst.append(slots[torch.arange(m + 1)[moved]])
+            ok.append((i, r, m, path))
+        if src:
+            self.pool.compact(torch.cat(src), torch.cat(dst))
+        keep: list[Request] = []
+        for i, r, m, path in ok:
             new = tree.tokens[i, path[1:]].tolist() + [int(res.bonus[i])]
-            self._record_accept(r, m, n - 1)
             if self.trace.enabled:
                 self._trace_verify(r, tree, i, res, logits[i], new)
+            self._record_accept(r, m, n - 1)
             r.kv_len += m + 1
             self._keep_feats(r, aux[i, path])
             self._emit(r, new, [True] * m + [False], outputs)
             if not r.finished:
                 self.pool.trim(r.blocks, r.kv_len + 1)
                 keep.append(r)
-        if src:
-            self.pool.compact(torch.cat(src), torch.cat(dst))
         phases["commit"] = _ms(t)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
         t = time.perf_counter()
