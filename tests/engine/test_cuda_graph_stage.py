@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,9 +51,10 @@ def test_cpu_engine_skips_the_stage(micro_target: Path) -> None:
     with wb.Engine(micro_target, config=CONFIG, tracer=rec) as e:
         assert e.graphs is None
         assert ("cuda_graphs", "ok") in [(s, st) for s, st, _ in e.init_log]
-        (ev,) = [x for x in rec.of("InitStage") if x.stage == "cuda_graphs"]
+        stages: list[Any] = rec.of("InitStage")
+        (ev,) = [x for x in stages if x.stage == "cuda_graphs"]
         assert ev.status == "ok" and ev.detail == "skipped: not a CUDA device"
-        (ab,) = [x for x in rec.of("InitStage") if x.stage == "attention_backend"]
+        (ab,) = [x for x in stages if x.stage == "attention_backend"]
         assert ab.detail == "backend=torch"
 
 
@@ -72,7 +74,8 @@ def test_capture_failure_with_fallback_starts_eager(micro_target: Path, head: Pa
         statuses = {s: st for s, st, _ in e.init_log}
         assert statuses == {s: ("fallback" if s == "cuda_graphs" else "ok")
                             for s in wb.faults.INIT_STAGES}
-        (fb,) = [x for x in rec.of("InitStage") if x.status == "fallback"]
+        events: list[Any] = rec.of("InitStage")
+        (fb,) = [x for x in events if x.status == "fallback"]
         assert fb.stage == "cuda_graphs"
         assert "InjectedFault: injected fault at init:cuda_graphs" in fb.detail
         assert e.graphs is None and e.draft is not None and not e.baseline_only
@@ -115,7 +118,7 @@ def test_runner_keys_and_buckets(micro_target: Path) -> None:
     with wb.Engine(micro_target, config=CONFIG) as e:
         r = runner_for(e, verify_nodes=(6,))
         assert sorted(r.graphs) == [(1, 1), (1, 6), (2, 1), (2, 6), (4, 1), (4, 6)]
-        tree = [torch.ones(6, 6, dtype=torch.bool).tril()] * 3
+        tree: list[torch.Tensor | None] = [torch.ones(6, 6, dtype=torch.bool).tril()] * 3
         assert r.key_for([1, 1, 1], [10, 20, 30], None) == (4, 1)
         assert r.key_for([1], [10], None) == (1, 1)
         assert r.key_for([6, 6, 6], [10, 20, 30], tree) == (4, 6)
@@ -166,8 +169,9 @@ def test_runner_forward_matches_eager_and_leaves_the_pool_identical(micro_target
     gen = torch.Generator().manual_seed(0)
     tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
                          [1, 1, 0, 1, 1]], dtype=torch.bool)
+    trees: list[torch.Tensor | None] = [tree] * 3
     with torch.inference_mode():
-        for q, masks in ((None, None), (1, None), (5, [tree] * 3)):
+        for q, masks in ((None, None), (1, None), (5, trees)):
             if q is None:  # prefill both pools eagerly
                 starts, ends = [0] * 3, lens
             else:
@@ -276,9 +280,10 @@ def test_gpu_captured_graphs_match_eager(attention: str,
     lens = [40, 70, 17]
     tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
                          [1, 1, 0, 1, 1]], dtype=torch.bool)
+    trees: list[torch.Tensor | None] = [tree] * 3
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        for q, masks in ((None, None), (1, None), (1, None), (5, [tree] * 3)):
+        for q, masks in ((None, None), (1, None), (1, None), (5, trees)):
             starts, ends = ([0] * 3, lens) if q is None else (lens, [n + q for n in lens])
             write, kv = [], []
             for blk, s, e in zip(blocks, starts, ends, strict=True):
@@ -295,7 +300,7 @@ def test_gpu_captured_graphs_match_eager(attention: str,
                 pools[1].v.copy_(pools[0].v)
             else:
                 out = r.run(toks, pos, torch.cat(write), q_lens, kv, masks, True)
-                assert out is not None
+                assert out is not None and out[1] is not None and want_aux is not None
                 for a, b in ((want_h, out[0]), (want_aux, out[1])):
                     err = float((a.float() - b.float()).abs().max())
                     assert err <= 2e-2 * float(a.float().abs().max()) + 1e-3, (q, err)

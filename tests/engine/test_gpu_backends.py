@@ -8,6 +8,7 @@ FlashInfer (eager and graphed) with the fp32 torch reference on a CUDA device.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -107,7 +108,7 @@ def test_triton_backend_matches_torch_on_micro_target(micro_target: Path) -> Non
     lens = [9, 6]
     for phase, a, b in zip(("prefill", "chunk", "decode", "verify"), steps(ref.forward, lens),
                            steps(tri.forward, lens), strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0, msg=lambda s, p=phase: f"{p}: {s}")
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0, msg=f"{phase}: logits differ")
     # Both backends wrote the same K/V into the same slots.
     torch.testing.assert_close(tri_pool.k, ref_pool.k, atol=1e-5, rtol=0)
     torch.testing.assert_close(tri_pool.v, ref_pool.v, atol=1e-5, rtol=0)
@@ -145,6 +146,180 @@ def test_plan_contract_errors() -> None:
         ragged_plan(torch.arange(4), [4], [torch.arange(3)])
     with pytest.raises(ValueError, match="tree mask 0 has shape"):
         ragged_plan(torch.arange(2), [2], [torch.arange(5)], [torch.ones(3, 3, dtype=torch.bool)])
+
+
+# -- FlashInfer glue on CPU, against a stub with FlashInfer's documented semantics ---------------
+
+
+class _StubPaged:
+    """What FlashInfer's paged wrappers compute, per their documentation: request b owns pages
+    indices[indptr[b]:indptr[b+1]] (NHD), the last one holding last_page_len[b] entries; the
+    prefill mask is custom (row-major (q_b, kv_b) blocks), causal (bottom-right) or none."""
+
+    def __init__(self, workspace: torch.Tensor, layout: str = "NHD", *, decode: bool = False,
+                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
+                 paged_kv_indptr_buffer: torch.Tensor | None = None,
+                 paged_kv_indices_buffer: torch.Tensor | None = None,
+                 paged_kv_last_page_len_buffer: torch.Tensor | None = None) -> None:
+        assert layout == "NHD" and workspace.dtype == torch.uint8
+        self.decode, self.graph = decode, use_cuda_graph
+        self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer,
+                     paged_kv_last_page_len_buffer)
+        self.plans = 0
+
+    def plan(self, *args: object, **kw: object) -> None:
+        if self.decode:
+            indptr, indices, last, h, hkv, hd, ps = args
+            qo = torch.arange(len(last) + 1)  # type: ignore[arg-type]
+            mask, causal = None, False
+        else:
+            qo, indptr, indices, last, h, hkv, hd, ps = args
+            mask, causal = kw.get("custom_mask"), bool(kw.get("causal", False))
+        for name in ("q_data_type", "kv_data_type", "sm_scale"):
+            assert name in kw, name
+        if self.graph:  # cuda-graph mode: the plan rewrites the fixed buffers in place
+            ib, xb, lb = self.bufs
+            assert ib is not None and xb is not None and lb is not None
+            assert len(last) == len(lb), "batch must equal the buffers' batch"  # type: ignore[arg-type]
+            ib.copy_(indptr)  # type: ignore[arg-type]
+            xb[: len(indices)].copy_(indices)  # type: ignore[arg-type]
+            lb.copy_(last)  # type: ignore[arg-type]
+            indptr, indices, last = ib, xb, lb
+        self.state = (torch.as_tensor(qo).cpu().long(), indptr, indices, last, int(ps),  # type: ignore[call-overload]
+                      None if mask is None else torch.as_tensor(mask).cpu(), causal,
+                      float(kw["sm_scale"]))  # type: ignore[arg-type]
+        self.plans += 1
+
+    def run(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        from workbench.kernels.reference import tree_attention
+
+        qo, indptr, indices, last, ps, flat, causal, scale = self.state
+        indptr, indices, last = (t.cpu().long() for t in (indptr, indices, last))
+        k_pages, v_pages = kv
+        b = len(last)
+        kv_lens = [int((indptr[i + 1] - indptr[i] - 1) * ps + last[i]) for i in range(b)]
+        lk, q_lens = max(kv_lens), (qo[1:] - qo[:-1]).tolist()
+        kv_idx = torch.zeros(b, lk, dtype=torch.int64)
+        for i in range(b):
+            pages = indices[indptr[i] : indptr[i + 1]]
+            slots = (pages[:, None] * ps + torch.arange(ps)).flatten()
+            kv_idx[i, : kv_lens[i]] = slots[: kv_lens[i]]
+        mask = None
+        if flat is not None or not causal:
+            mask = torch.zeros(b, max(q_lens), lk, dtype=torch.bool)
+            off = 0
+            for i, (nq, nk) in enumerate(zip(q_lens, kv_lens, strict=True)):
+                if flat is None:
+                    mask[i, :nq, :nk] = True
+                else:
+                    mask[i, :nq, :nk] = flat[off : off + nq * nk].view(nq, nk)
+                    off += nq * nk
+            assert flat is None or off == flat.numel()
+        flat_k = k_pages.reshape(-1, *k_pages.shape[2:])
+        flat_v = v_pages.reshape(-1, *v_pages.shape[2:])
+        return tree_attention(q, flat_k, flat_v, qo, kv_idx, torch.tensor(kv_lens), mask, scale)
+
+
+@pytest.fixture
+def stub_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU stand-in for ``flashinfer`` (its two paged wrappers), CUDA checks switched off."""
+    import types
+
+    from workbench.engine import flashinfer_backend
+
+    mod = types.ModuleType("flashinfer")
+    mod.BatchPrefillWithPagedKVCacheWrapper = _StubPaged  # type: ignore[attr-defined]
+    mod.BatchDecodeWithPagedKVCacheWrapper = (  # type: ignore[attr-defined]
+        lambda *a, **k: _StubPaged(*a, decode=True, **k))
+    monkeypatch.setitem(sys.modules, "flashinfer", mod)
+    monkeypatch.setattr(flashinfer_backend, "_require_cuda", lambda pool, what: None)
+
+
+def test_flashinfer_glue_matches_torch_on_a_stub(micro_target: Path,
+                                                 stub_flashinfer: None) -> None:
+    """Page tables (shuffled pages, page 4), decode vs prefill choice, causal flag and the
+    custom-mask layout, checked through a stub that computes what FlashInfer documents."""
+    from workbench.engine.flashinfer_backend import FlashInferAttention
+
+    m = load(micro_target)
+    c = m.config
+    ref_pool, fi_pool = new_pool(m), new_pool(m)
+    ref = Driver(m, ref_pool, PagedAttention(ref_pool.k, ref_pool.v, c.num_attention_heads),
+                 BLOCKS)
+    attn = FlashInferAttention(fi_pool.k, fi_pool.v, c.num_attention_heads, 4)
+    fi = Driver(m, fi_pool, attn, BLOCKS)
+    modes = []
+
+    def drive(*args: object) -> torch.Tensor:
+        out = fi.forward(*args)  # type: ignore[arg-type]
+        modes.append(attn.mode)
+        return out
+
+    for a, b in zip(steps(ref.forward, [9, 6]), steps(drive, [9, 6]), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+    assert modes == ["causal", "causal", "decode", "tree"]
+    with pytest.raises(ValueError, match="not page-aligned"):
+        attn.plan(torch.tensor([5]), [1], [torch.tensor([1, 2, 3, 5])])
+
+
+def test_flashinfer_decode_graph_buckets_on_a_stub(micro_target: Path,
+                                                   stub_flashinfer: None) -> None:
+    """GraphRunner(attention="flashinfer") decode buckets through FlashInferDecodeGraph's
+    fixed buffers (eager replay): 3 requests padded to 4 equal the eager torch backend."""
+    from workbench.engine.cuda_graphs import GraphRunner
+    from workbench.engine.flashinfer_backend import FlashInferDecodeGraph
+
+    m = load(micro_target)
+    c = m.config
+    ref_pool, fi_pool = new_pool(m), new_pool(m)
+    blocks = BLOCKS + [[41, 42, 43, 44, 45, 46]]
+    ref = Driver(m, ref_pool, PagedAttention(ref_pool.k, ref_pool.v, c.num_attention_heads),
+                 blocks)
+    r = GraphRunner(m, fi_pool.k, fi_pool.v, num_heads=c.num_attention_heads, page_size=4,
+                    max_kv=24, buckets=(4,), attention="flashinfer", mode="eager",
+                    kernel="reference")
+    r.capture()
+    assert isinstance(r.graphs[(4, 1)].attn, FlashInferDecodeGraph)
+    lens = [9, 6, 13]
+    gen = torch.Generator().manual_seed(3)
+    toks = torch.randint(1, 299, (sum(lens),), generator=gen)
+    ref.forward([0] * 3, lens, toks)
+    fi_pool.k.copy_(ref_pool.k)
+    fi_pool.v.copy_(ref_pool.v)
+    for _ in range(2):
+        step = torch.randint(1, 299, (3,), generator=gen)
+        want = ref.forward(lens, [n + 1 for n in lens], step)
+        kv = [fi_pool.slots(blk, 0, n + 1) for blk, n in zip(blocks, lens, strict=True)]
+        out = r.run(step, torch.tensor(lens), torch.cat([s[-1:] for s in kv]), [1, 1, 1], kv)
+        assert out is not None
+        torch.testing.assert_close(m.logits(out[0]), want, atol=1e-4, rtol=0)
+        lens = [n + 1 for n in lens]
+    torch.testing.assert_close(fi_pool.k, ref_pool.k, atol=1e-5, rtol=0)
+
+
+def test_engine_on_flashinfer_stub_spec_equals_plain(micro_target: Path,
+                                                     stub_flashinfer: None,
+                                                     tmp_path: Path) -> None:
+    """The engine's target and draft backends on the FlashInfer glue (stubbed kernels):
+    chunked prefill, decode, draft extend and tree verify give the torch engine's tokens."""
+    from spec.conftest import write_random_head
+
+    from workbench.engine.flashinfer_backend import FlashInferAttention
+
+    head = write_random_head(micro_target, tmp_path / "head")
+    base = wb.EngineConfig(kv_budget_tokens=1024, max_model_len=128, self_check=False,
+                           max_prefill_tokens=8)
+    prompts = [[5, 17, 33, 2, 90, 41, 7, 8, 9, 10, 11], [250, 3, 11]]
+    sp = wb.SamplingParams(max_new_tokens=5, ignore_eos=True)
+    spec = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    with wb.Engine.from_pretrained(micro_target, draft=head, config=base) as e:
+        want = [o.token_ids for o in e.generate(prompts, sp)]
+    cfg = dataclasses.replace(base, attention_backend="flashinfer")
+    with wb.Engine.from_pretrained(micro_target, draft=head, config=cfg) as e:
+        assert isinstance(e.attn, FlashInferAttention)
+        assert isinstance(e.draft_attn, FlashInferAttention)
+        assert [o.token_ids for o in e.generate(prompts, sp)] == want
+        assert [o.token_ids for o in e.generate(prompts, sp, spec=spec)] == want
 
 
 # -- selection ---------------------------------------------------------------------------------

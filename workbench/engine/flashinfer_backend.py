@@ -38,6 +38,11 @@ from workbench.engine.triton_backend import (
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
 
 
+def _require_cuda(pool: torch.Tensor, what: str) -> None:
+    if pool.device.type != "cuda":
+        raise RuntimeError(f"{what} needs a CUDA device, the KV pool is on {pool.device}")
+
+
 def page_table(kv_slots: list[torch.Tensor], page_size: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-request slots of positions [0, kv_len) → FlashInfer's paged layout (host, int32):
@@ -76,9 +81,7 @@ class FlashInferAttention:
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
                  page_size: int, *, use_tensor_cores: bool = True, probe: bool = True,
                  workspace: torch.Tensor | None = None) -> None:
-        if k_pool.device.type != "cuda":
-            raise RuntimeError(f"flashinfer attention backend needs a CUDA device, the KV pool "
-                               f"is on {k_pool.device}")
+        _require_cuda(k_pool, "flashinfer attention backend")
         import flashinfer  # optional dependency: only here, on CUDA
 
         layers, slots, kv_heads, head_dim = k_pool.shape
@@ -116,7 +119,8 @@ class FlashInferAttention:
         self._run_kernel(0, q)
         self._plan(slots, [1], [torch.ones(1, 1, dtype=torch.bool)])  # custom mask
         self._run_kernel(0, q)
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
              tree_masks: list[torch.Tensor | None] | None = None) -> None:
@@ -177,9 +181,7 @@ class FlashInferDecodeGraph:
 
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
                  page_size: int, batch: int, max_kv: int, workspace: torch.Tensor) -> None:
-        if k_pool.device.type != "cuda":
-            raise RuntimeError(f"flashinfer decode graphs need a CUDA device, the KV pool is "
-                               f"on {k_pool.device}")
+        _require_cuda(k_pool, "flashinfer decode graphs")
         import flashinfer
 
         layers, slots, kv_heads, head_dim = k_pool.shape
