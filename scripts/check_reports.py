@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -35,6 +37,17 @@ VIEW_ROOTS_JS = """() => Array.from(document.querySelectorAll(
         + ' .lm-Widget')).length"""
 
 
+# Without the vendored renderer (no npm) pages load it from these CDNs: offline those requests
+# fail by design (widgets show as text); they are reported as expected, not as errors.
+WIDGET_CDNS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com")
+
+
+# anywidget (plotly's FigureWidget) rejects an unobserved promise when a model takes over 2 s
+# to initialise (a busy machine, the 5 MB plotly bundle); the figure still renders. Reported as
+# benign when every expected figure rendered, as an error otherwise.
+BENIGN = ("[anywidget] Failed to initialize model.",)
+
+
 @dataclass
 class PageCheck:
     page: str
@@ -44,6 +57,8 @@ class PageCheck:
     widgets_rendered: int = 0
     console_errors: list[str] = field(default_factory=list)
     failed_requests: list[str] = field(default_factory=list)
+    expected_failures: list[str] = field(default_factory=list)
+    benign: list[str] = field(default_factory=list)
     screenshot: str = ""
     seconds: float = 0.0
 
@@ -77,21 +92,38 @@ def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: 
     page.on("console", lambda m: res.console_errors.append(m.text[:300])
             if m.type == "error" else None)
     page.on("pageerror", lambda e: res.console_errors.append(f"pageerror: {str(e)[:300]}"))
-    page.on("requestfailed", lambda r: res.failed_requests.append(
-        f"{r.url[:200]} ({r.failure})"))
+
+    def failed(request: Any) -> None:
+        msg = f"{request.url[:200]} ({request.failure})"
+        cdn = any(host in request.url for host in WIDGET_CDNS)
+        (res.expected_failures if cdn and not widgets_offline else res.failed_requests).append(msg)
+
+    page.on("requestfailed", failed)
     t0 = time.perf_counter()
-    page.goto(html.resolve().as_uri(), wait_until="load", timeout=timeout_ms)
-    deadline = time.perf_counter() + timeout_ms / 1e3
-    if expected_plots:
-        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=timeout_ms)
-    # Figures and widgets render asynchronously: poll until the counts stop short of nothing.
-    while time.perf_counter() < deadline:
+    deadline = t0 + timeout_ms / 1e3
+    try:
+        # big pages (plotly.js inline, widget state) parse slowly: do not wait for "load"
+        page.goto(html.resolve().as_uri(), wait_until="domcontentloaded", timeout=timeout_ms)
+        if expected_plots:
+            page.wait_for_selector(".js-plotly-plot .main-svg", timeout=timeout_ms)
+    except PlaywrightTimeoutError as e:
+        res.console_errors.append(f"timeout: {str(e).splitlines()[0]}")
+    # Figures and widgets render asynchronously: poll until every expected one is there.
+    while True:
         res.plotly_rendered = page.evaluate(PLOTS_JS)
         res.widgets_rendered = page.evaluate(VIEW_ROOTS_JS)
-        if res.plotly_rendered >= expected_plots and res.widgets_rendered >= res.widgets_expected:
+        done = res.plotly_rendered >= expected_plots and \
+            res.widgets_rendered >= res.widgets_expected
+        if done or time.perf_counter() > deadline:
             break
         page.wait_for_timeout(250)
     page.wait_for_timeout(500)  # let late console errors arrive
+    if res.plotly_rendered >= expected_plots:
+        res.benign = [e for e in res.console_errors if any(b in e for b in BENIGN)]
+        res.console_errors = [e for e in res.console_errors if e not in res.benign]
+    if not widgets_offline:  # the console echoes each expected CDN failure
+        res.expected_failures += [e for e in res.console_errors if "ERR_" in e]
+        res.console_errors = [e for e in res.console_errors if "ERR_" not in e]
     res.seconds = round(time.perf_counter() - t0, 1)
     shots.mkdir(parents=True, exist_ok=True)
     shot = shots / f"{html.stem}.png"
@@ -105,7 +137,7 @@ def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reports", type=Path, default=REPO / "reports")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per page")
+    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per page")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ns = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
@@ -141,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(r.failed_requests):>6d}  {r.screenshot}  {'ok' if r.ok else 'FAIL'}")
         for e in r.console_errors + r.failed_requests:
             print(f"    {e}")
+        for e in r.expected_failures:
+            print(f"    (expected without the vendored renderer) {e}")
+        for e in r.benign:
+            print(f"    (benign) {e}")
     if not offline:
         print("note: widgets were exported with CDN URLs (no npm); widget views not counted")
     if ns.json is not None:

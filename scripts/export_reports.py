@@ -12,10 +12,13 @@ What makes the pages work offline (ECOSYSTEM-NOTES.md, "Plotly/ipywidgets in exp
    installed with npm into ``data/work/npm-widgets`` and copied, with ``require.js``, to
    ``reports/vendor``; pages load ``vendor/require.js`` and ``vendor/embed-amd.js``. Plotly's
    ``FigureWidget`` is an anywidget: its AMD build (the ``anywidget`` Python package's
-   nbextension) is copied to ``vendor/anywidget.js`` and mapped with ``require.config``.
+   nbextension) is copied to ``vendor/anywidget.js``; ``require.config`` maps it and the
+   html-manager's modules into ``vendor/`` (so the widgets' icon fonts load from there).
    Without npm the pages fall back to nbconvert's CDN URLs: offline, widgets show as text
    (figures are unaffected); the manifest says which happened.
-3. MathJax and Mermaid (CDN scripts the notebooks do not use) are left out of the template.
+3. MathJax and Mermaid (CDN scripts the notebooks do not use) are left out of the template,
+   and the MathJax ``<script src=...cdnjs...>`` that plotly's HTML renderer adds to every
+   figure is removed from the outputs (no figure uses LaTeX).
 
 Writes ``reports/<notebook>.html`` and ``reports/manifest.json`` (per page: seconds, figures
 and widget views expected, errors), which ``scripts/check_reports.py`` reads. Exit status 1 if
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,15 +43,17 @@ NOTEBOOKS = REPO / "notebooks"
 NPM_DIR = REPO / "data" / "work" / "npm-widgets"
 NPM_PACKAGES = ("@jupyter-widgets/html-manager@1", "requirejs")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+CDN_MATHJAX = re.compile(r'<script[^>]*src="https://cdnjs\.cloudflare\.com/ajax/libs/mathjax/'
+                         r'[^"]*"[^>]*>\s*</script>')
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
-# The lab template minus the CDN scripts the notebooks do not need, plus the anywidget path.
+# The lab template minus the CDN scripts the notebooks do not need, plus requirejs paths.
 TEMPLATE = r"""
 {%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_requirejs -%}
 <script src="{{ resources.require_js_url }}"></script>
-{%- if resources.wb_anywidget_path %}
-<script>require.config({paths: {"anywidget": "{{ resources.wb_anywidget_path }}"}});</script>
+{%- if resources.wb_require_paths %}
+<script>require.config({paths: {{ resources.wb_require_paths }}});</script>
 {%- endif %}
 {%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
@@ -157,6 +163,41 @@ def count_outputs(nb: Any) -> dict[str, int]:
             "plotly_figures": static + fig_widgets, "widget_views": views}
 
 
+def strip_cdn_mathjax(nb: Any) -> int:
+    """Remove plotly's per-figure MathJax CDN script from HTML outputs; returns how many."""
+    removed = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            html = data.get("text/html")
+            if html is None:
+                continue
+            text = "".join(html) if isinstance(html, list) else html
+            text, n = CDN_MATHJAX.subn("", text)
+            if n:
+                data["text/html"] = text
+                removed += n
+    return removed
+
+
+# Modules embed-amd.js defines inline. Webpack derives each bundle's public path (where its
+# FontAwesome files are fetched from) from the module's requirejs URL, which defaults to
+# <page dir>/<module id>.js: mapping the ids into vendor/ makes the fonts resolve there.
+EMBED_MODULES = ("@jupyter-widgets/base", "@jupyter-widgets/base7", "@jupyter-widgets/controls",
+                 "@jupyter-widgets/controls7", "@jupyter-widgets/html-manager",
+                 "@jupyter-widgets/html-manager/dist/libembed-amd")
+
+
+def require_paths(widgets: dict[str, Any]) -> dict[str, str]:
+    """requirejs ``paths`` for the pages: the embed modules and anywidget, into vendor/."""
+    if widgets.get("renderer") != "offline":
+        return {}
+    paths = {m: "vendor/" + m.rsplit("/", 1)[-1] for m in EMBED_MODULES}
+    if widgets.get("anywidget_path"):
+        paths["anywidget"] = widgets["anywidget_path"]
+    return paths
+
+
 def export_html(nb: Any, name: str, out: Path, widgets: dict[str, Any]) -> Path:
     """Write ``out/<name>.html`` with the offline template."""
     import jinja2
@@ -168,7 +209,7 @@ def export_html(nb: Any, name: str, out: Path, widgets: dict[str, Any]) -> Path:
         exporter.require_js_url = widgets["require_js_url"]
         exporter.widget_renderer_url = widgets["widget_renderer_url"]
     resources = {"metadata": {"name": name},
-                 "wb_anywidget_path": widgets.get("anywidget_path", "")}
+                 "wb_require_paths": json.dumps(require_paths(widgets))}
     body, _ = exporter.from_notebook_node(nb, resources=resources)
     path = out / f"{name}.html"
     path.write_text(body, encoding="utf-8")
@@ -202,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         path = path.resolve()
         log(f"executing {path.relative_to(REPO) if path.is_relative_to(REPO) else path} ...")
         nb, seconds, error = execute(path, ns.timeout)
+        strip_cdn_mathjax(nb)
         html = export_html(nb, path.stem, ns.out, widgets)
         counts = count_outputs(nb)
         failed += error is not None
