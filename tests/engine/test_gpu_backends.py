@@ -342,13 +342,14 @@ def test_resolve_backend_on_cpu() -> None:
 def test_make_backend_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     k = torch.zeros(2, 16, 2, 16)
     assert isinstance(make_attention_backend("auto", k, k.clone(), 4, 4), PagedAttention)
-    tri = make_attention_backend("triton", k, k.clone(), 4, 4)
-    assert isinstance(tri, TritonTreeAttention) and backend_name(tri) == "triton"
+    if os.environ.get("TRITON_INTERPRET") == "1":  # tests/conftest.py sets it for CPU runs
+        tri = make_attention_backend("triton", k, k.clone(), 4, 4)
+        assert isinstance(tri, TritonTreeAttention) and backend_name(tri) == "triton"
     had_flashinfer = "flashinfer" in sys.modules
     with pytest.raises(RuntimeError, match="flashinfer attention backend needs a CUDA device"):
         make_attention_backend("flashinfer", k, k.clone(), 4, 4)
     assert ("flashinfer" in sys.modules) == had_flashinfer  # refused before importing it
-    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="needs TRITON_INTERPRET=1"):
         make_attention_backend("triton", k, k.clone(), 4, 4)
 

@@ -21,9 +21,12 @@ once per bucket and replays it:
    stream, then ``torch.cuda.graph``. Warm-ups write K/V into slots [0, q_len) of the pool, so
    capture runs only while no request holds KV (engine init).
 
-``mode="eager"`` runs the same static-buffer forward without a CUDA graph: it is how the CPU
-tests check buckets, padding and plan_static against the eager backends. Outputs are cloned
-out of the static buffers (the next replay overwrites them).
+``run`` = ``launch(prepare(...))``: ``prepare`` is the host half (bucket, ragged plan; no
+device work), ``launch`` stages the inputs and replays, so a pipelined loop
+(``overlap.run_pipelined``) can prepare step N+1 while step N runs. ``mode="eager"`` runs the
+same static-buffer forward without a CUDA graph: it is how the CPU tests check buckets, padding
+and plan_static against the eager backends. Outputs are cloned out of the static buffers (the
+next replay overwrites them).
 
 The engine calls :func:`capture` from its ``cuda_graphs`` init stage on CUDA only, and
 ``_target_forward`` hands a forward to :meth:`GraphRunner.run`, which returns None (→ eager)
