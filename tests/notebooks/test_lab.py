@@ -46,7 +46,8 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--ip", "127.0.0.1", "--port", str(port),
          "--allow-root", "--no-browser", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.news_url=", "--ServerApp.disable_check_xsrf=True"],
+         f"--ServerApp.root_dir={root}", "--LabApp.news_url=",
+         "--ServerApp.disable_check_xsrf=True"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
