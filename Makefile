@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 EXTRAS := dev,notebooks,kernels,serve
 
-.PHONY: demo test lint lab report venv clean-venv bench
+.PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,13 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check workbench tests scripts
 
-test: $(STAMP)
+# Debian chromium for the exported-report browser checks (root only; otherwise they skip and say so).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+		echo "WARNING: chromium not installed; browser checks will be skipped"; }
+
+test: $(STAMP) browser
 	$(BIN)/ruff check workbench tests scripts
 	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \
 		--durations=15 tests
@@ -45,6 +51,10 @@ test-notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench spec
+
+report: $(STAMP) browser
+	$(BIN)/python scripts/export_reports.py
+	$(BIN)/python scripts/check_reports.py
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser notebooks/
