@@ -74,6 +74,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
     from playwright.sync_api import sync_playwright
 
     url, _ = lab
@@ -85,12 +86,18 @@ def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(url, timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            # Lab may ask which kernel to start; the notebook's own (python3) is preselected
+            try:
+                page.click(".jp-Dialog .jp-mod-accept", timeout=15_000)
+            except PlaywrightTimeoutError:
+                pass  # no dialog: Lab started the notebook's kernel by itself
             # the kernel must be up before Run All (status shown in the toolbar)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
                                    timeout=120_000)
             page.click(".lm-MenuBar-itemLabel:text-is('Run')")
             page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
-            figure = ".jp-OutputArea-output .js-plotly-plot .main-svg"
+            # jupyterlab-plotly draws into the output element itself (it gets .js-plotly-plot)
+            figure = ".jp-Notebook .js-plotly-plot .main-svg"
             page.wait_for_selector(figure, timeout=300_000)
             # Run All is done when no prompt shows [*] and the kernel is idle again.
             page.wait_for_function(
@@ -98,7 +105,7 @@ def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path
                         .some(p => p.textContent.includes('*'))""", timeout=300_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
                                    timeout=60_000)
-            figures = page.locator(".jp-OutputArea-output .js-plotly-plot").count()
+            figures = page.locator(".jp-Notebook .js-plotly-plot").count()
             tracebacks = page.locator(".jp-OutputArea-output",
                                       has_text="Traceback (most recent call last)").count()
             lossless = page.locator(".jp-OutputArea-output",
