@@ -76,7 +76,8 @@ def _npm_install(folder: Path) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "package.json").exists():
         (folder / "package.json").write_text('{"name": "wb-widgets", "private": true}\n')
-    cmd = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error", *NPM_PACKAGES]
+    cmd = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error", "--fetch-retries=1",
+           "--fetch-timeout=60000", *NPM_PACKAGES]
     try:
         proc = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -365,6 +365,9 @@ def test_warm_vs_cold() -> None:
                        "cold_plain_ms": [2.0, 3.0]})
     fig = F.warm_vs_cold(df)
     assert_dressed(fig)
-    t = by_name(fig)
-    assert list(t) == ["warm switch", "cold switch", "warm plain", "cold plain"]
-    assert list(t["cold switch"].y) == [1.0, 2.0] and list(t["warm plain"].x) == ["1", "4"]
+    t = {(tr.name, tr.meta): tr for tr in fig.data}
+    assert list(t) == [("warm draft", "switch"), ("cold draft", "switch"),
+                       ("warm draft", "plain"), ("cold draft", "plain")]
+    assert list(t[("cold draft", "switch")].y) == [1.0, 2.0]
+    assert list(t[("warm draft", "plain")].x) == ["1", "4"]
+    assert [tr.showlegend for tr in fig.data] == [True, True, False, False]

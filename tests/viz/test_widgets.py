@@ -125,6 +125,8 @@ def test_sweep_progress_live_plot() -> None:
         sp.update(n=n, tau=1.0 + n / 4, k=n % 4)
         assert sp.bar.value == len(sp.rows)
     assert sp.bar.bar_style == "success"
+    assert sp.widget.children[-1] is sp.figure  # frozen: the final figure is its initial state
+    assert [t["name"] for t in sp.figure._widget_data] == ["k=2", "k=0"]  # the saved state
     assert [t.name for t in sp.figure.data] == ["k=2", "k=0"]
     assert list(sp.figure.data[1].x) == [4, 8] and list(sp.figure.data[1].y) == [2.0, 3.0]
     assert "4/4" in sp.label.value and "tau=3" in sp.label.value

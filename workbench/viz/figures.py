@@ -596,7 +596,7 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
 
     Left: extra ms of a speculative step right after an off step (cold pays the draft
     catch-up there). Right: ms of a plain step (warm pays a draft extend on every one).
-    Traces ``warm switch``, ``cold switch``, ``warm plain``, ``cold plain``.
+    Traces ``warm draft`` / ``cold draft`` in each panel (``meta`` = ``switch`` / ``plain``).
     """
     _require(switch_df, ("concurrency", "warm_switch_extra_ms", "cold_switch_extra_ms",
                          "warm_plain_ms", "cold_plain_ms"), "warm_vs_cold")
@@ -607,9 +607,9 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
     for col, what in ((1, "switch"), (2, "plain")):
         for state, color in (("warm", "#ff7f0e"), ("cold", "#1f77b4")):
             key = f"{state}_switch_extra_ms" if what == "switch" else f"{state}_plain_ms"
-            fig.add_trace(go.Bar(x=xs, y=switch_df[key], name=f"{state} {what}",
-                                 marker_color=color, legendgroup=state,
-                                 showlegend=col == 1 or what == "plain"), row=1, col=col)
+            fig.add_trace(go.Bar(x=xs, y=switch_df[key], name=f"{state} draft",
+                                 marker_color=color, legendgroup=state, meta=what,
+                                 showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(title="concurrent requests", type="category")
     fig.update_yaxes(title="ms", row=1, col=1)
     fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=2)

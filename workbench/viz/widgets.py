@@ -332,8 +332,18 @@ class SweepProgress:
                     self.figure.add_scatter(x=xs, y=ys, name=name, mode="markers+lines")
 
     def close(self) -> None:
-        """Mark the sweep finished (green bar)."""
+        """Mark the sweep finished (green bar) and freeze the live plot.
+
+        A FigureWidget's saved state is the figure it was created with (later updates travel
+        as messages), so an executed-then-exported notebook would show an empty plot. The live
+        widget is therefore swapped for a fresh one created from the final figure.
+        """
         self.bar.bar_style = "success"
+        if self.figure is not None and self.rows:
+            final = go.FigureWidget(self.figure)
+            self.figure.close()
+            self.figure = final
+            self.widget.children = (*self.widget.children[:-1], final)
 
     def frame(self) -> pd.DataFrame:
         """The recorded rows."""
