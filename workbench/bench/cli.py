@@ -101,6 +101,13 @@ def bench_peers(ns: argparse.Namespace) -> int:
         assistant = getattr(ns, "assistant", None)
         if assistant and not (Path(assistant) / "config.json").is_file():
             assistant = None  # no small draft LM shipped: the assisted arm is left out
+        tok_a = Path(assistant or "") / "tokenizer.json"
+        tok_t = Path(engine.model_path) / "tokenizer.json"
+        if assistant and (not tok_a.is_file() or not tok_t.is_file()
+                          or tok_a.read_bytes() != tok_t.read_bytes()):
+            print(f"peers: {assistant} has another tokenizer than the target; "
+                  "the assisted arm is left out")
+            assistant = None
         rows, summary, machine = run_peers(engine, prompts, max_new_tokens=_max_new(ns),
                                            spec=spec, assistant=assistant)
     finally:
