@@ -90,6 +90,8 @@ class Engine:
         self.baseline_only = False
         self._rids = itertools.count()
         self._closed = False
+        self._stepping = False  # inside step(): abort() defers to the step's end
+        self._deferred_aborts: list[int] = []
         self.init_log: list[tuple[str, str, float]] = []
         self._init()
 
@@ -192,6 +194,9 @@ class Engine:
                            self.target.model.embed_tokens.weight.dtype if self.target else
                            torch.float32, cfg.device, draft_shape)
         self.scheduler = Scheduler(self.pool, cfg.max_batch_size, cfg.max_prefill_tokens)
+        # A request alone must always fit the pool, or preemption could never make room for it
+        # (it would wait forever): cap its context at the pool's capacity ("length" finish).
+        self.max_model_len = min(self.max_model_len, self.pool.num_blocks * self.pool.page_size)
 
     def _stage_attention_backend(self) -> str:
         assert self.pool is not None and self.model_config is not None
@@ -306,9 +311,14 @@ class Engine:
         return rid
 
     def abort(self, rid: int) -> None:
-        """Abort a request in any state; its KV is freed now. Unknown ids are ignored."""
+        """Abort a request in any state; its KV is freed now. Unknown ids are ignored.
+
+        Called while a step runs (from a hook), the abort takes effect when that step ends."""
         req = self.requests.get(rid)
         if req is None or req.finished:
+            return
+        if self._stepping:
+            self._deferred_aborts.append(rid)
             return
         self._finish(req, "abort")
 
@@ -316,6 +326,7 @@ class Engine:
         return self.scheduler is not None and self.scheduler.has_work()
 
     def kv_usage(self) -> dict[str, int]:
+        self._check_open()
         assert self.pool is not None
         return {"used_blocks": self.pool.used_blocks, "total_blocks": self.pool.num_blocks,
                 "page_size": self.pool.page_size}
@@ -362,8 +373,10 @@ class Engine:
             raise RequestError(f"sampling: {len(sps)} params for {len(plist)} prompts")
         previous = self.spec
         self.set_spec(spec)
+        rids: list[int] = []
         try:
-            rids = [self.add_request(p, s) for p, s in zip(plist, sps, strict=True)]
+            for p, s in zip(plist, sps, strict=True):
+                rids.append(self.add_request(p, s))
             bar = None
             if progress:
                 from tqdm.auto import tqdm
@@ -371,15 +384,18 @@ class Engine:
                 bar = tqdm(total=len(rids), desc="generate", unit="req")
             pending = set(rids)
             while pending:
-                for out in self.step():
-                    if out.finished and out.rid in pending:
-                        pending.discard(out.rid)
-                        if bar is not None:
-                            bar.update(1)
+                self.step()
+                # by state, not by step outputs: a request aborted outside a step has none
+                done = {r for r in pending if self.requests[r].finished}
+                pending -= done
+                if bar is not None:
+                    bar.update(len(done))
             if bar is not None:
                 bar.close()
             return [self.output(r) for r in rids]
         finally:
+            for r in rids:  # a bad prompt, a step fault or Ctrl-C leaves no request behind
+                self.abort(r)
             self.spec = previous
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None,
@@ -387,18 +403,22 @@ class Engine:
         """Yield text deltas as tokens are produced (drives the engine itself)."""
         previous = self.spec
         self.set_spec(spec)
-        rid = self.add_request(prompt, sampling)
+        try:
+            rid = self.add_request(prompt, sampling)
+        except BaseException:
+            self.spec = previous  # a refused prompt leaves the engine's spec as it was
+            raise
         text = ""
         try:
             while True:
-                outs = [o for o in self.step() if o.rid == rid]
+                self.step()
                 req = self.requests[rid]
                 if self.tokenizer is not None:
                     full = self.tokenizer.decode(req.output_ids)
                     if not full.endswith("\ufffd") and len(full) > len(text):
                         yield full[len(text):]
                         text = full
-                if any(o.finished for o in outs):
+                if req.finished:
                     if req.error:
                         raise RequestError(req.error)
                     return
@@ -432,12 +452,56 @@ class Engine:
     # -- the step -----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
-        """Advance every running request by one step; returns per-request token deltas."""
+        """Advance every running request by one step; returns per-request token deltas.
+
+        Step faults: an exception escaping any phase (schedule, prefill, draft, verify, accept,
+        commit, extend, sampler; a ``fatal`` hook) fails every request running in this step —
+        ``finish_reason="error"``, ``error`` naming the exception, KV freed — and is then
+        re-raised with a note listing them; it is never swallowed. Waiting requests are untouched
+        and the engine stays consistent: later steps and new requests run as usual (a serving
+        loop may still choose to stop, as :mod:`workbench.serve.loop` does). Non-finite logits
+        are not a step fault: that request alone fails and the step returns normally.
+
+        Aborts asked for during the step (from a hook) take effect when it ends; each such
+        request then has a finished output with ``finish_reason="abort"``.
+        """
         self._check_open()
+        outputs: dict[int, StepOutput] = {}
+        self._stepping = True
+        try:
+            self._step(outputs)
+        except BaseException as e:
+            failed = self._fail_running(e)
+            if hasattr(e, "add_note"):  # Python >= 3.11
+                e.add_note(f"workbench: step {self.step_id} failed; requests {failed} were "
+                           "failed with this error and their KV freed; the engine keeps serving")
+            raise
+        finally:
+            self._stepping = False
+            while self._deferred_aborts:
+                rid = self._deferred_aborts.pop(0)
+                req = self.requests.get(rid)
+                if req is not None and not req.finished:
+                    self._finish(req, "abort")
+                    prev = outputs.get(rid)
+                    outputs[rid] = StepOutput(rid, prev.new_token_ids if prev else [], True,
+                                              "abort", None)
+        return list(outputs.values())
+
+    def _fail_running(self, e: BaseException) -> list[int]:
+        """After a step fault: fail every running request with ``e`` and free its KV."""
+        assert self.scheduler is not None
+        failed = []
+        for r in list(self.scheduler.running):
+            r.error = f"request {r.rid}: step {self.step_id} failed: {type(e).__name__}: {e}"
+            self._finish(r, "error")
+            failed.append(r.rid)
+        return failed
+
+    def _step(self, outputs: dict[int, StepOutput]) -> None:
         assert self.scheduler is not None
         t_start = time.perf_counter()
         self.step_id += 1
-        outputs: dict[int, StepOutput] = {}
         phases: dict[str, float] = {}
         faults.check("step:schedule")
         sched = self.scheduler.schedule()
@@ -472,7 +536,6 @@ class Engine:
                 self._emit_step(decision, len(decode), mode, phases, total)
         elif sched.prefill:
             self.stats.steps["prefill"] += 1
-        return list(outputs.values())
 
     def _decide(self, decode: list[Request]) -> Decision:
         spec = self.spec

@@ -1,0 +1,41 @@
+"""Reliability test kit: micro engines, prompts, a bounded drain, greedy references."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import workbench as wb
+
+SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+CONFIG = wb.EngineConfig(kv_budget_tokens=4096, max_model_len=256, self_check=False)
+
+
+def engine(target: Path, draft: Path | None = None, **config: object) -> wb.Engine:
+    """A micro engine (self-check off unless asked: these tests check outputs themselves)."""
+    return wb.Engine.from_pretrained(target, draft=draft,
+                                     config=dataclasses.replace(CONFIG, **config))
+
+
+def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 299) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+def greedy(max_new_tokens: int) -> wb.SamplingParams:
+    return wb.SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+
+
+def drain(e: wb.Engine, max_steps: int = 2000) -> int:
+    """Step until no work is left; a livelock fails the test instead of hanging it."""
+    for n in range(max_steps):
+        if not e.has_unfinished():
+            return n
+        e.step()
+    raise AssertionError(f"engine still has work after {max_steps} steps (livelock?): "
+                         f"{e.num_running()} running, {e.num_waiting()} waiting")
+
+
+def kv_used(e: wb.Engine) -> int:
+    return e.kv_usage()["used_blocks"]
