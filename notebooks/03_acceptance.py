@@ -17,10 +17,10 @@
 import os
 
 FAST = os.environ.get("WORKBENCH_FAST") == "1"
-MAX_NEW_TOKENS = 24 if FAST else 96
-GRID_S = (2, 4) if FAST else (2, 3, 5, 7)
-GRID_K = (1, 2, 4) if FAST else (1, 2, 4, 8)
-GRID_N = (4, 8) if FAST else (4, 8, 16, 32)
+MAX_NEW_TOKENS = 24 if FAST else 64
+GRID_S = (2, 4) if FAST else (2, 4, 6)
+GRID_K = (1, 2, 4) if FAST else (1, 2, 4)
+GRID_N = (4, 8) if FAST else (4, 8, 16)
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -125,7 +125,7 @@ def execute(path: Path, timeout: int) -> tuple[Any, float, str | None]:
     """Run ``path`` in a fresh kernel (cwd = its folder); returns (notebook, seconds, error)."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
@@ -137,6 +137,8 @@ def execute(path: Path, timeout: int) -> tuple[Any, float, str | None]:
         client.execute()
     except CellExecutionError as e:
         error = str(e).strip().splitlines()[-1][:500] if str(e).strip() else repr(e)
+    except (CellTimeoutError, DeadKernelError) as e:  # the page keeps the cells that ran
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     return nb, time.perf_counter() - t0, error
 
 
