@@ -19,6 +19,7 @@ import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -75,7 +76,7 @@ def tensor_bytes(objects: list[object] | None = None) -> int:
     for o in gc.get_objects() if objects is None else objects:
         if issubclass(type(o), torch.Tensor):  # type(): never touch a lazy module's __class__
             try:
-                st = o.untyped_storage()
+                st = cast(torch.Tensor, o).untyped_storage()
             except RuntimeError:  # meta / sparse / functional tensors own no countable storage
                 continue
             key = st.data_ptr()
