@@ -142,11 +142,41 @@ def execute(path: Path, timeout: int) -> tuple[Any, float, str | None]:
     return nb, time.perf_counter() - t0, error
 
 
+WIDGET_STATE_KEY = "application/vnd.jupyter.widget-state+json"
+MODEL_REF = re.compile(r"IPY_MODEL_([0-9a-f]+)")
+
+
+def prune_widget_state(nb: Any) -> int:
+    """Keep only the widget models a displayed view reaches (children, layout, style...).
+
+    nbclient records every model the kernel ever opened, closed ones included (e.g. the live
+    plot ``SweepProgress`` swaps out); those would only add weight. Returns models dropped.
+    """
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_KEY, {}).get("state")
+    if not state:
+        return 0
+    todo = [out["data"][WIDGET_VIEW_MIME]["model_id"]
+            for cell in nb.cells for out in cell.get("outputs", [])
+            if WIDGET_VIEW_MIME in out.get("data", {})]
+    keep: set[str] = set()
+    while todo:
+        mid = todo.pop()
+        if mid in keep or mid not in state:
+            continue
+        keep.add(mid)
+        todo.extend(MODEL_REF.findall(json.dumps(state[mid].get("state", {}))))
+    dropped = [mid for mid in state if mid not in keep]
+    for mid in dropped:
+        del state[mid]
+    return len(dropped)
+
+
 def count_outputs(nb: Any) -> dict[str, int]:
     """Figures and widget views a page should show once rendered.
 
     ``plotly_figures``: static figure outputs (HTML with a plotly div, or the plotly mimetype)
-    plus FigureWidgets (anywidget models of plotly) in the saved widget state.
+    plus FigureWidgets (anywidget models of plotly) in the saved widget state (pruned first, so
+    only displayed ones count).
     """
     static = views = 0
     for cell in nb.cells:
@@ -158,8 +188,7 @@ def count_outputs(nb: Any) -> dict[str, int]:
                 static += 1
             if WIDGET_VIEW_MIME in data:
                 views += 1
-    state = nb.metadata.get("widgets", {}).get(
-        "application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_KEY, {}).get("state", {})
     fig_widgets = sum(1 for m in state.values() if m.get("model_name") == "AnyModel" and
                       "FigureWidget" in str(m.get("state", {}).get("_anywidget_id", "")))
     return {"plotly_static": static, "plotly_widgets": fig_widgets,
@@ -247,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"executing {path.relative_to(REPO) if path.is_relative_to(REPO) else path} ...")
         nb, seconds, error = execute(path, ns.timeout)
         strip_cdn_mathjax(nb)
+        prune_widget_state(nb)
         html = export_html(nb, path.stem, ns.out, widgets)
         counts = count_outputs(nb)
         failed += error is not None
