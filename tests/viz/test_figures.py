@@ -371,3 +371,10 @@ def test_warm_vs_cold() -> None:
     assert list(t[("cold draft", "switch")].y) == [1.0, 2.0]
     assert list(t[("warm draft", "plain")].x) == ["1", "4"]
     assert [tr.showlegend for tr in fig.data] == [True, True, False, False]
+
+
+def test_concurrency_curves_x_range_covers_levels_only() -> None:
+    fig = F.concurrency_curves(concurrency_table())
+    lo, hi = fig.layout.xaxis.range
+    assert lo < 0 < math.log10(16) < hi < math.log10(32)  # log10 units, annotations excluded
+    assert tuple(fig.layout.xaxis2.range) == (lo, hi)

@@ -573,16 +573,23 @@ def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline", width: int 
             fig.add_trace(go.Scatter(x=g["concurrency"], y=ttft[g.index], mode="lines",
                                      name=f"{arm} TTFT", legendgroup=str(arm), showlegend=False,
                                      line=dict(color=color, dash="dot")), row=1, col=2)
+    # explicit range (log10 units): annotations would otherwise stretch the autorange
+    cs = [float(c) for c in df["concurrency"] if c > 0]
+    lo, hi = (math.log10(min(cs)), math.log10(max(cs))) if cs else (0.0, 1.0)
+    pad = max(0.08, 0.05 * (hi - lo))
+    fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2),
+                     range=[lo - pad, hi + pad])
     if baseline in arms:
         for arm, c in crossovers(df, baseline).items():
             if c is None:
                 continue
             # on a log axis a shape takes data coordinates but an annotation takes log10
             fig.add_vline(x=c, line=dict(color="#d62728", dash="dash"), row=1, col=1)
+            right = math.log10(c) > (lo + hi) / 2  # label on the side with room
             fig.add_annotation(x=math.log10(c), y=0.97, yref="y domain", xref="x",
-                               text=f" {arm}: crossover ≈ {c:.1f}", showarrow=False,
-                               xanchor="left", yanchor="top", font=dict(color="#d62728"))
-    fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2))
+                               text=f" {arm}: crossover ≈ {c:.1f} ", showarrow=False,
+                               xanchor="right" if right else "left", yanchor="top",
+                               font=dict(color="#d62728"))
     fig.update_yaxes(title="tok/s (all requests)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title="ms (solid ITL, dotted TTFT)", rangemode="tozero", row=1, col=2)
     return _layout(fig, "Throughput and latency vs concurrency", width, height)
