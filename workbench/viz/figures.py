@@ -294,7 +294,7 @@ def acceptance_vs_confidence(tree_df: pd.DataFrame, bins: int = 10, width: int =
     fig.update_xaxes(title="draft probability of the node", range=[0, 1])
     fig.update_yaxes(title="share accepted", range=[0, 1.05], secondary_y=False)
     fig.update_yaxes(title="nodes", secondary_y=True, showgrid=False, rangemode="tozero",
-                     tickformat="d")
+                     tickformat="d", tickmode="auto")
     return _layout(fig, "Is the draft's confidence informative? (nodes under an accepted parent)",
                    width, height)
 
@@ -485,7 +485,7 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
     fig.update_yaxes(title="tok/s relative to baseline", range=[0, max(1.2, top * 1.2)],
                      secondary_y=False)
     fig.update_yaxes(title="τ (tokens per verify)", rangemode="tozero", secondary_y=True,
-                     showgrid=False)
+                     showgrid=False, tickmode="auto")
     fig.update_xaxes(title="arm")
     return _layout(fig, "EAGLE-3 vs baseline: speedup and accept length", width, height)
 
@@ -643,7 +643,7 @@ def training_curves(history: Sequence[dict[str, Any]], width: int = WIDTH,
     fig.update_xaxes(title="training step")
     fig.update_yaxes(title="TTT loss", secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title="top-1 agreement with the target", range=[0, 1], secondary_y=True,
-                     showgrid=False)
+                     showgrid=False, tickmode="auto")
     return _layout(fig, "Draft head training (training-time test)", width, height)
 
 
