@@ -51,7 +51,10 @@ class EngineStats:
 
     @property
     def accept_length(self) -> float:
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+        """Mean τ: every verify emits its accepted tokens plus one bonus token (O(1))."""
+        if not self.verify_ct:
+            return 1.0
+        return (self.num_accepted_tokens + self.verify_ct) / self.verify_ct
 
     @property
     def accept_rate(self) -> float:
@@ -826,19 +829,13 @@ class Engine:
         met.verify_ct += 1
         met.accept_lengths.append(m + 1)
         met.drafted_tokens += drafted
-        while len(met.accepted_per_depth) < m:
-            met.accepted_per_depth.append(0)
-        for depth in range(m):
-            met.accepted_per_depth[depth] += 1
+        _count_depths(met.accepted_per_depth, m)
         st.verify_ct += 1
         st.accept_lengths.append(m + 1)
         st.num_drafts += 1
         st.num_draft_tokens += drafted
         st.num_accepted_tokens += m
-        while len(st.accepted_per_pos) < m:
-            st.accepted_per_pos.append(0)
-        for depth in range(m):
-            st.accepted_per_pos[depth] += 1
+        _count_depths(st.accepted_per_pos, m)
 
     # -- emit / finish -------------------------------------------------------------------------
     def _bad_logits(self, r: Request, logits: torch.Tensor,
@@ -930,6 +927,13 @@ class Engine:
                                     accepted_path=res.accept_index[i, : m + 1].tolist(),
                                     accepted_tokens=new, accept_length=len(new),
                                     bonus_token=int(res.bonus[i])))
+
+
+def _count_depths(counts: list[int], accepted: int) -> None:
+    """counts[d] += 1 for every accepted depth d < ``accepted`` (growing the list as needed)."""
+    counts.extend([0] * (accepted - len(counts)))
+    for depth in range(accepted):
+        counts[depth] += 1
 
 
 def _ms(t0: float) -> float:

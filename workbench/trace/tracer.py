@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from workbench import faults
 from workbench.errors import WorkbenchError
 from workbench.trace.events import EVENT_TYPES, Event, event_from_dict, event_to_dict
 
@@ -277,6 +278,7 @@ class Dispatcher:
         if self.tracer.enabled:
             self.tracer.emit(event)
         if self.hooks._hooks:
+            faults.check("step:hook")  # an injected hook-dispatch fault is a step fault
             self.hooks.dispatch(event)
 
     def __repr__(self) -> str:
