@@ -34,6 +34,8 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode CUDA graphs at init (CUDA only; CPU skips)
     cuda_graphs_fallback: bool = False  # capture failure → eager engine + "fallback" InitStage
     overlap_schedule: bool = False  # CUDA: async metadata staging (engine/overlap.py); CPU no-op
+    # target GEMMs: "auto" = oneDNN-packed weights on a float32 CPU model, else dense F.linear
+    gemm: Literal["auto", "onednn", "dense"] = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -48,6 +50,8 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
             raise ConfigError(f"EngineConfig.attention_backend: {self.attention_backend!r} not "
                               "in auto/torch/triton/flashinfer")
+        if self.gemm not in ("auto", "onednn", "dense"):
+            raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
         for name in ("cuda_graphs", "cuda_graphs_fallback", "overlap_schedule"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"EngineConfig.{name}: must be a bool, got "

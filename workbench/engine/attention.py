@@ -24,10 +24,12 @@ class PagedAttention:
         self.gqa = num_heads != k_pool.shape[2]
         self.write_slots = torch.empty(0, dtype=torch.int64)
         self.kv_index = torch.empty(0, 0, dtype=torch.int64)
+        self.kv_flat = torch.empty(0, dtype=torch.int64)
         self.mask: torch.Tensor | None = None
         self.q_index: torch.Tensor | None = None
         self.q_shape = (0, 0)
         self.is_causal = False
+        self.span: tuple[int, int] | None = None
 
     def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
              tree_masks: list[torch.Tensor | None] | None = None) -> None:
@@ -39,8 +41,16 @@ class PagedAttention:
         self.write_slots = write_slots
         self.q_shape = (b, lq)
         uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
+        # One request whose slots are one run (the allocator hands out ascending blocks, so a
+        # lone stream usually has them): attend to a view of the pool, no gather at all.
+        self.span = None
+        if b == 1 and lk > 1:
+            s0 = kv_slots[0]
+            if int(s0[-1]) - int(s0[0]) == lk - 1 and bool((s0.diff() == 1).all()):
+                self.span = (int(s0[0]), lk)
         self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
             [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
+        self.kv_flat = self.kv_index.flatten()
         self.q_index = None if uniform else torch.cat(
             [torch.arange(q) + i * lq for i, q in enumerate(q_lens)])
         has_tree = tree_masks is not None and any(m is not None for m in tree_masks)
@@ -73,8 +83,14 @@ class PagedAttention:
         kp.index_copy_(0, self.write_slots, k)
         vp.index_copy_(0, self.write_slots, v)
         b, lq = self.q_shape
-        kk = kp[self.kv_index].transpose(1, 2)  # (B, Hkv, Lk, hd)
-        vv = vp[self.kv_index].transpose(1, 2)
+        if self.span is not None:
+            s0, n = self.span
+            kk = kp[s0 : s0 + n].unsqueeze(0).transpose(1, 2)  # (1, Hkv, Lk, hd), a view
+            vv = vp[s0 : s0 + n].unsqueeze(0).transpose(1, 2)
+        else:  # index_select: a row memcpy gather, ~2× faster than advanced indexing here
+            shape = (*self.kv_index.shape, *kp.shape[1:])
+            kk = kp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)  # (B, Hkv, Lk, hd)
+            vv = vp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)
         if self.q_index is None:
             qq = q.view(b, lq, *q.shape[1:])
         else:
@@ -97,8 +113,9 @@ class TreeDraftAttention:
         b = len(prefix_slots)
         lk = max(int(s.numel()) for s in prefix_slots)
         idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots])
-        self.k_pre = k_pool[0][idx]  # (B, Lp, Hkv, hd)
-        self.v_pre = v_pool[0][idx]
+        shape = (*idx.shape, *k_pool.shape[2:])
+        self.k_pre = k_pool[0].index_select(0, idx.flatten()).view(shape)  # (B, Lp, Hkv, hd)
+        self.v_pre = v_pool[0].index_select(0, idx.flatten()).view(shape)
         self.pre_valid = torch.zeros(b, lk, dtype=torch.bool)
         for i, s in enumerate(prefix_slots):
             self.pre_valid[i, : int(s.numel())] = True

@@ -170,11 +170,12 @@ class Engine:
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
 
-    def _stage_load_target(self) -> None:
+    def _stage_load_target(self) -> str:
         from workbench.models.loader import load_target
 
         self.target, _, _ = load_target(self.model_path, self.config.dtype, self.config.device)
-        self.target.fuse()
+        self.target.fuse(self.config.gemm)
+        return f"gemm={self.target.gemm}"
 
     def _stage_load_draft(self) -> None:
         if self.draft_path is None:
