@@ -185,6 +185,7 @@ class Engine:
         assert self.target is not None
         self.draft, self.aux_layers = load_eagle3(self.draft_path, self.target,
                                                   self.config.dtype, self.config.device)
+        self.draft.fuse(self.config.gemm)
 
     def _stage_allocate_kv(self) -> None:
         cfg, mc = self.config, self.model_config
@@ -620,7 +621,7 @@ class Engine:
             kv.append(slots)
             q_lens.append(e - s)
         self.draft_attn.plan(torch.cat(write), q_lens, kv)
-        hidden = self.draft.fuse_features(torch.cat(feats))
+        hidden = self.draft.features(torch.cat(feats))
         logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn)
         ends = torch.tensor(q_lens).cumsum(0) - 1
         for i, r in enumerate(reqs):

@@ -25,7 +25,19 @@ from torch import nn
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
-from workbench.models.llama import MLP, AttentionBackend, RMSNorm, Rotary, apply_rope
+from workbench.models.llama import (
+    MLP,
+    AttentionBackend,
+    RMSNorm,
+    Rotary,
+    apply_rope,
+    dense_linear_add,
+    onednn_linear,
+    onednn_linear_add,
+    pack,
+    resolve_gemm,
+    rope_sin_signed,
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +179,8 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(cfg.as_model_config())
         self.embed: nn.Embedding | None = embed
+        self.gemm = "dense"
+        self._fast: dict[str, Any] | None = None  # set by fuse()
 
     def set_embedding(self, embed: nn.Embedding) -> None:
         if embed.weight.shape[1] != self.config.hidden_size:
@@ -179,8 +193,59 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
     def fuse_features(self, aux: torch.Tensor) -> torch.Tensor:
-        """aux: (..., 3·Dt) target taps → (..., D)."""
+        """aux: (..., 3·Dt) target taps → (..., D) (differentiable: training)."""
         return self.fc(aux)
+
+    def fuse(self, gemm: str = "auto") -> None:
+        """Inference weights for the engine path (as ``LlamaForCausalLM.fuse``): q/k/v and
+        gate/up concatenated, oneDNN-packed copies on a float32 CPU head. Call again after
+        changing the parameters; training (``forward_dense``) never uses them."""
+        lay = self.midlayer
+        a, mlp = lay.self_attn, lay.mlp
+        self.gemm = resolve_gemm(gemm, self.fc.weight)
+        prep = pack if self.gemm == "onednn" else (lambda w: w.detach())
+        with torch.no_grad():
+            self._fast = {
+                "fc": prep(self.fc.weight),
+                "qkv": prep(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                "o": prep(a.o_proj.weight),
+                "gate_up": prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                "down": prep(mlp.down_proj.weight),
+                "head": prep(self.lm_head.weight),
+            }
+
+    def features(self, aux: torch.Tensor) -> torch.Tensor:
+        """Engine path of :meth:`fuse_features` (fused weights when built)."""
+        if self._fast is None:
+            return self.fc(aux)
+        lin = onednn_linear if self.gemm == "onednn" else F.linear
+        return lin(aux, self._fast["fc"], None)
+
+    def _forward_fast(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                      attn: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` over the fused weights, one flat sequence of ops (no module calls)."""
+        assert self.embed is not None, "draft embedding not set"
+        w, lay = self._fast, self.midlayer
+        assert w is not None
+        a = lay.self_attn
+        packed = self.gemm == "onednn"
+        lin = onednn_linear if packed else F.linear
+        lin_add = onednn_linear_add if packed else dense_linear_add
+        eps, d = self.config.rms_norm_eps, (hidden.shape[-1],)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        cos, sin = cos.unsqueeze(-2), rope_sin_signed(sin).unsqueeze(-2)
+        x = torch.cat([F.rms_norm(self.embed(tokens), d, lay.input_layernorm.weight, eps),
+                       F.rms_norm(hidden, d, lay.hidden_norm.weight, eps)], dim=-1)
+        qkv = lin(x, w["qkv"], None).unflatten(-1, (a.h + 2 * a.kv, a.hd))
+        qk = qkv[:, : a.h + a.kv]
+        qk = qk * cos + qk.roll(a.hd // 2, -1) * sin
+        o = attn.run(layer, qk[:, : a.h], qk[:, a.h :], qkv[:, a.h + a.kv :])
+        h = lin_add(o.flatten(-2), w["o"], hidden)
+        g, u = lin(F.rms_norm(h, d, lay.post_attention_layernorm.weight, eps), w["gate_up"],
+                   None).chunk(2, -1)
+        out = lin_add(F.silu(g) * u, w["down"], h)
+        logits = lin(F.rms_norm(out, d, self.norm.weight, eps), w["head"], None)
+        return logits.float(), out
 
     def _qkv(self, tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
              sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -202,6 +267,8 @@ class Eagle3Draft(nn.Module):
                 attn: AttentionBackend, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Ragged engine path. tokens (T,), hidden (T, D) (already fused), positions (T,) →
         (draft logits (T, Vd) float32, pre-norm hidden (T, D))."""
+        if self._fast is not None:
+            return self._forward_fast(tokens, hidden, positions, attn, layer)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         q, k, v = self._qkv(tokens, hidden, cos, sin)
         out = self._finish(hidden, attn.run(layer, q, k, v))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -166,20 +166,30 @@ def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
 # M=6..64 2-2.5x faster than MKL's small-M path on the 2-core EPYC (wb-target's 18 layers:
 # T=1 1.6 vs 2.7 ms, T=6 1.9 vs 4.9 ms, T=16 2.5 vs 6.6 ms, T=300 19 vs 42 ms).
 PACK_HINT = 16
+# Above this many rows the dense path runs instead: oneDNN keeps per-shape state (RSS grows with
+# the number of distinct M it has seen, ~0.5 MB per shape and MB of weight, bounded but
+# unwelcome under a soak), and large-M GEMMs (prefill) are compute-bound either way.
+PACKED_MAX_M = 64
 
 
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """oneDNN-packed copy of a (out, in) float32 weight (an opaque ``_mkldnn`` tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
+def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(oneDNN-packed copy, the dense (out, in) weight) of a float32 weight."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT), w
 
 
-def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+def onednn_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
+                  b: torch.Tensor | None) -> torch.Tensor:
+    if x.shape[0] > PACKED_MAX_M:
+        return F.linear(x, w[1], b)
+    return torch.ops.mkldnn._linear_pointwise(x, w[0], b, "none", [], "")
 
 
-def onednn_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+def onednn_linear_add(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
+                      res: torch.Tensor) -> torch.Tensor:
     """res + x·wᵀ in one oneDNN call (post-op add)."""
-    return torch.ops.mkldnn._linear_pointwise.binary(x, res, w, None, "add")
+    if x.shape[0] > PACKED_MAX_M:
+        return torch.addmm(res, x, w[1].t())
+    return torch.ops.mkldnn._linear_pointwise.binary(x, res, w[0], None, "add")
 
 
 def dense_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
@@ -280,15 +290,15 @@ class FastLayer:
     kv: int
     hd: int
     norm1: torch.Tensor
-    qkv: torch.Tensor  # (Hq·hd + 2·Hkv·hd, D)
+    qkv: Any  # (Hq·hd + 2·Hkv·hd, D); onednn: (packed, dense) pairs throughout
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: torch.Tensor  # o_proj (D, H·hd), packed or plain
+    o: Any  # o_proj (D, H·hd)
     norm2: torch.Tensor
-    gate_up: torch.Tensor  # (2·I, D)
+    gate_up: Any  # (2·I, D)
     gate_up_bias: torch.Tensor | None
-    down: torch.Tensor  # (D, I)
+    down: Any  # (D, I)
     down_bias: torch.Tensor | None
 
     @classmethod
@@ -317,7 +327,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._fast: list[FastLayer] | None = None  # set by fuse()
-        self._head: torch.Tensor | None = None
+        self._head: Any = None  # lm_head weight (dense, or (packed, dense))
         self.gemm = "dense"
 
     def fuse(self, gemm: str = "auto") -> None:
@@ -328,14 +338,13 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.gemm = resolve_gemm(gemm, self.lm_head.weight)
-        if self.gemm == "onednn":
-            self._head = pack(self.lm_head.weight)
-        elif self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings:
             w = self.lm_head.weight.detach()  # the embedding keeps the row layout: copy
-            self._head = w.t().contiguous().t() if w.device.type == "cpu" else w
+            head = w.t().contiguous().t() if w.device.type == "cpu" else w
         else:
             fuse_linears([self.lm_head])
-            self._head = self.lm_head.weight
+            head = self.lm_head.weight
+        self._head = pack(head) if self.gemm == "onednn" else head
         self._fast = [FastLayer.of(layer, self.gemm) for layer in self.model.layers]
 
     # -- engine path -----------------------------------------------------------------------
@@ -392,7 +401,8 @@ class LlamaForCausalLM(nn.Module):
         if self._head is None:
             return self.lm_head(hidden).float()
         if self.gemm == "onednn":
-            return onednn_linear(hidden, self._head, None)
+            return onednn_linear(hidden.reshape(-1, hidden.shape[-1]), self._head,
+                                 None).view(*hidden.shape[:-1], -1)
         return F.linear(hidden, self._head).float()
 
     # -- dense path (training, oracles) ----------------------------------------------------
