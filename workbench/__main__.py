@@ -35,20 +35,22 @@ def from_args(cls: Any, ns: argparse.Namespace) -> Any:
 def cmd_generate(ns: argparse.Namespace) -> int:
     import workbench as wb
 
+    # Every argument is validated before the (slow) model load.
     cfg = wb.EngineConfig(device=ns.device, dtype=ns.dtype)
-    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=cfg)
     spec = None
     if ns.draft:
         spec = wb.SpecConfig(num_steps=ns.num_steps, topk=ns.topk,
                              num_draft_tokens=ns.num_draft_tokens)
     sp = wb.SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=ns.temperature,
                            top_p=ns.top_p, top_k=ns.top_k, seed=ns.seed)
-    sys.stdout.write(ns.prompt)
-    for delta in engine.stream(ns.prompt, sp, spec=spec):
-        sys.stdout.write(delta)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
-    engine.close()
+    if not ns.prompt:
+        raise wb.RequestError("--prompt: empty")
+    with wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=cfg) as engine:
+        sys.stdout.write(ns.prompt)
+        for delta in engine.stream(ns.prompt, sp, spec=spec):
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
     return 0
 
 
@@ -177,8 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Errors a user can fix (a :class:`~workbench.errors.WorkbenchError`: bad flag values,
+    missing files, an engine stage that failed) print one ``error: <Type>: ...`` line naming
+    what is wrong and exit 1 (argparse's usage errors exit 2); anything else is a bug and keeps
+    its traceback."""
+    from workbench.errors import WorkbenchError
+
     ns = build_parser().parse_args(argv)
-    return int(ns.fn(ns) or 0)
+    try:
+        return int(ns.fn(ns) or 0)
+    except WorkbenchError as e:
+        sys.stderr.write(f"error: {type(e).__name__}: {e}\n")
+        return 1
 
 
 if __name__ == "__main__":

@@ -77,6 +77,9 @@ class SamplingParams:
                 or self.max_new_tokens <= 0:
             raise RequestError(f"max_new_tokens: must be a positive integer, got "
                                f"{self.max_new_tokens!r}")
+        for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
+            if isinstance(getattr(self, name), bool):  # bool is an int subclass: refuse it
+                raise RequestError(f"{name}: must be a number, got {getattr(self, name)!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0 \
                 or self.temperature != self.temperature:
             raise RequestError(f"temperature: must be >= 0, got {self.temperature!r}")

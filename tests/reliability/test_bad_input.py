@@ -198,10 +198,13 @@ CASES: dict[str, Case] = {
                                r"^RandomFlip.p: must be in \[0, 1\]"),
     "policy RandomFlip shape": api(lambda c: wb.RandomFlip(shapes=[(0, 1, 2)]), wb.ConfigError,
                                    "^RandomFlip.shapes"),
-    "policy BatchThreshold negative": api(lambda c: wb.BatchThreshold(-1), ValueError,
+    "policy BatchThreshold negative": api(lambda c: wb.BatchThreshold(-1), wb.ConfigError,
                                           "^BatchThreshold.n: must be an integer >= 0"),
     "policy StepTable empty": api(lambda c: wb.StepTable({}), wb.ConfigError,
                                   "^StepTable.tiers"),
+    "sampling temperature bool": api(lambda c: SP(temperature=True), wb.RequestError,
+                                     "^temperature: must be a number"),
+    "sampling top_k bool": api(lambda c: SP(top_k=False), wb.RequestError, "^top_k"),
     "policy StepTable gap": api(lambda c: wb.StepTable({(2, None): None}), wb.ConfigError,
                                 "^StepTable.tiers: gap"),
     "fault point unknown": api(lambda c: wb.faults.inject("init:bogus").__enter__(), ValueError,
@@ -272,7 +275,7 @@ def run_cli(argv: list[str]) -> tuple[int, str]:
             status = e.code if isinstance(e.code, int) else 1
         except Exception as e:  # noqa: BLE001 (as the interpreter: traceback, exit 1)
             status = 1
-            err.write(f"{type(e).__name__}: {e}\n")
+            err.write(f"Traceback (escaped main)\n{type(e).__name__}: {e}\n")
     return status, err.getvalue()
 
 
@@ -292,6 +295,8 @@ def test_bad_input(name: str, ctx: Ctx) -> None:
         status, err = run_cli(case.call(ctx))
         assert status == case.expect, err
         assert re.search(case.match, err), err
+        # a user's mistake is one line naming it, not a traceback
+        assert "Traceback" not in err, err
     else:
         path, body = case.call
         with httpx.Client(base_url=ctx.server.url, timeout=60) as client:

@@ -133,8 +133,8 @@ class BatchThreshold(_Stateless):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 0:
-            raise ValueError(f"BatchThreshold.n: must be an integer >= 0, got {self.n!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 0:
+            raise ConfigError(f"BatchThreshold.n: must be an integer >= 0, got {self.n!r}")
 
     def decide(self, ctx: PolicyContext) -> Decision:
         if ctx.decode_batch > self.n:
