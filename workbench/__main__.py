@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true")
     b.add_argument("--assistant", default="data/models/wb-assistant",
                    help="small draft LM for transformers assisted generation (peers)")
+    b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
+                   help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
+                        "num_draft_tokens (root included; chain: S,1,S+1)")
     b.set_defaults(fn=cmd_bench)
 
     dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")

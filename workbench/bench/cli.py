@@ -56,6 +56,21 @@ def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64) -> An
     return wb.Engine.from_pretrained(target, draft=draft, config=cfg)
 
 
+def _spec(ns: argparse.Namespace) -> Any:
+    """``--spec S,K,N`` → SpecConfig (errors name the flag)."""
+    from workbench.config import SpecConfig
+
+    parts = str(getattr(ns, "spec", "5,4,16")).split(",")
+    try:
+        s, k, n = (int(x) for x in parts)
+    except ValueError:
+        raise ConfigError(f"--spec: expected three integers S,K,N, got {ns.spec!r}") from None
+    try:
+        return SpecConfig(num_steps=s, topk=k, num_draft_tokens=n)
+    except ConfigError as e:
+        raise ConfigError(f"--spec {ns.spec}: {e}") from e
+
+
 def _show(title: str, df: pd.DataFrame) -> None:
     print(f"\n{title}")
     print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
@@ -92,12 +107,12 @@ def bench_peers(ns: argparse.Namespace) -> int:
     import json
 
     from workbench.bench.peers import run_peers
-    from workbench.config import SpecConfig
 
+    shape = _spec(ns)
     prompts = _prompts(ns)
     engine = _engine(ns, need_draft=False)
     try:
-        spec = SpecConfig() if engine.draft is not None else None
+        spec = shape if engine.draft is not None else None
         assistant = getattr(ns, "assistant", None)
         if assistant and not (Path(assistant) / "config.json").is_file():
             assistant = None  # no small draft LM shipped: the assisted arm is left out
@@ -118,7 +133,8 @@ def bench_peers(ns: argparse.Namespace) -> int:
     rows.to_csv(out / "peers_per_prompt.csv", index=False)
     summary.to_csv(out / "peers.csv", index=False)
     (out / "peers.json").write_text(json.dumps(
-        {"machine": machine, "summary": json.loads(summary.to_json(orient="records"))},
+        {"machine": machine, "spec": ns.spec if spec is not None else None,
+         "summary": json.loads(summary.to_json(orient="records"))},
         indent=2) + "\n")
     print(f"\nresults: {out / 'peers.json'}")
     return 0
@@ -135,11 +151,12 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
         switch_costs,
     )
 
+    shape = _spec(ns)
     prompts = _prompts(ns)
     levels = _levels(ns)
     engine = _engine(ns, need_draft=False, max_batch=max(levels))
     try:
-        arms = default_arms(engine, flips=True)
+        arms = default_arms(engine, spec=shape, flips=True)
         df = run_concurrency(engine, prompts, levels=levels, arms=arms,
                              max_new_tokens=_max_new(ns), out=ns.out)
     finally:
@@ -195,14 +212,14 @@ def bench_http(ns: argparse.Namespace) -> int:
 
 def bench_threshold(ns: argparse.Namespace) -> int:
     from workbench.bench.concurrency import find_threshold, run_concurrency
-    from workbench.config import SpecConfig
 
+    shape = _spec(ns)
     prompts = _prompts(ns)
     levels = _levels(ns)
     engine = _engine(ns, need_draft=True, max_batch=max(levels))
     try:
         df = run_concurrency(engine, prompts, levels=levels,
-                             arms={"baseline": None, "eagle3": SpecConfig()},
+                             arms={"baseline": None, "eagle3": shape},
                              max_new_tokens=_max_new(ns), out=ns.out, name="threshold")
     finally:
         engine.close()
