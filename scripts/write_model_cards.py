@@ -22,9 +22,15 @@ COMMANDS = {
                  "--seq-len 256 --ttt-steps 7 --regen-sequences 768 --regen-mix 0.6 "
                  "--regen-greedy-frac 0.7  && python -m workbench train-draft --threads 2 "
                  "--steps 1100 --batch 8 --seq-len 256 --ttt-steps 7 --regen-sequences 768 "
-                 "--regen-mix 0.8 --regen-greedy-frac 0.7   (the second command resumes the "
-                 "first run's checkpoint and continues to step 1100 with more regenerated data "
-                 "per batch)",
+                 "--regen-mix 0.8 --regen-greedy-frac 0.7  && python -m workbench train-draft "
+                 "--threads 2 --steps 1900 --batch 8 --seq-len 256 --ttt-steps 7 "
+                 "--regen-sequences 2048 --regen-mix 0.9 --regen-greedy-frac 0.9   (each command "
+                 "resumes the previous one's checkpoint in data/work/eagle3 and continues with "
+                 "more, and more greedy, regenerated data; the shipped run of the third stage was "
+                 "interrupted and resumed twice — at step 1150 under a --steps 2200 schedule, then "
+                 "--steps 1600, then 1900 — so its learning-rate curve differs slightly from one "
+                 "uninterrupted command. The last stage also fits the greedy calibration "
+                 "temperature on held-out regenerated windows)",
         "bench": "python -m workbench bench spec --prompts 16 --max-new-tokens 128",
     },
 }

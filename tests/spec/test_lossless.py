@@ -79,6 +79,35 @@ def test_trained_head_accepts(micro_target: Path, trained_head: Path) -> None:
     e.close()
 
 
+@pytest.mark.parametrize("temperature", [0.25, 3.0])
+def test_calibrated_ranking_stays_lossless(micro_target: Path, trained_head: Path,
+                                           tmp_path: Path, temperature: float) -> None:
+    """A head's greedy calibration temperature reshapes its trees (ranking only): outputs stay
+    the baseline's, with greedy and sampled requests mixed in one batch."""
+    import json
+    import shutil
+
+    head = tmp_path / "head"
+    shutil.copytree(trained_head, head)
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["workbench"] = {"greedy_score_temperature": temperature}
+    (head / "config.json").write_text(json.dumps(cfg))
+    e = wb.Engine.from_pretrained(micro_target, draft=head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    assert e.draft.config.greedy_score_temperature == temperature
+    ps = prompts(13, seed=5)
+    sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
+    for name in ("S5 K4 N16", "S6 K8 N32"):
+        assert run_staggered(e, ps, sp, CONFIGS[name], 4) == run_staggered(e, ps, sp, None, 4)
+    spec = CONFIGS["S5 K4 N16"]
+    mixed = [sp, wb.SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=0.8, seed=3)]
+    outs = e.generate(ps[:2], mixed, spec=spec)
+    assert outs[0].token_ids == e.generate([ps[0]], sp)[0].token_ids
+    assert len(outs[1].token_ids) == 20
+    assert e.kv_usage()["used_blocks"] == 0
+    e.close()
+
+
 def test_metrics_semantics(engine: wb.Engine) -> None:
     sp = wb.SamplingParams(max_new_tokens=30, ignore_eos=True)
     out = engine.generate([prompts(1)[0]], sp, spec=CONFIGS["S5 K4 N16"])[0]

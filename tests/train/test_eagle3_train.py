@@ -17,6 +17,7 @@ from workbench.errors import ConfigError
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
 from workbench.models.loader import load_eagle3, load_target
 from workbench.train.eagle3 import (
+    TEMPERATURE_GRID,
     DraftTrainConfig,
     build_draft_vocab,
     target_features,
@@ -138,6 +139,26 @@ def test_loss_falls_and_summary(trained: tuple[Path, dict[str, Any]]) -> None:
         assert all(0.0 <= a <= 1.0 for a in s[split]["acc"])
     assert s["tokens_per_second"] > 0 and s["seconds"] > 0
     assert json.loads((head / "training_summary.json").read_text())["steps"] == 60
+    # greedy calibration: a grid temperature that does not fit worse than T=1, saved with the head
+    t, cal = s["greedy_score_temperature"], s["calibration"]
+    assert t in TEMPERATURE_GRID and cal["rows"] > 0
+    assert cal["nll_best"] <= cal["nll_T=1"]
+    config = json.loads((head / "config.json").read_text())
+    assert config.get("workbench", {}).get("greedy_score_temperature", 1.0) == t
+    assert Eagle3Config.from_folder(head).greedy_score_temperature == t
+
+
+def test_calibration_temperature_is_validated_and_round_trips(tmp_path: Path) -> None:
+    base = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 8,
+            "intermediate_size": 16, "num_attention_heads": 2, "vocab_size": 32,
+            "draft_vocab_size": 16}
+    cfg = Eagle3Config.from_dict({**base, "workbench": {"greedy_score_temperature": 0.35}})
+    assert cfg.greedy_score_temperature == 0.35
+    assert Eagle3Config.from_dict(cfg.to_hf_dict()) == cfg
+    assert "workbench" not in Eagle3Config.from_dict(base).to_hf_dict()  # 1.0: not written
+    for bad in (0, -1.0, "sharp", True):
+        with pytest.raises(ConfigError, match="greedy_score_temperature"):
+            Eagle3Config.from_dict({**base, "workbench": {"greedy_score_temperature": bad}})
 
 
 def test_checkpoint_has_the_standard_layout(trained: tuple[Path, dict[str, Any]],

@@ -741,7 +741,8 @@ class Engine:
             torch.stack([r.draft_hidden for r in reqs]),  # type: ignore[misc]
             torch.tensor([r.tokens[-1] for r in reqs]), root_pos,
             [self.pool.slots(r.blocks, 0, r.draft_len) for r in reqs], self.pool.dk,
-            self.pool.dv, d.num_steps, d.topk, n_nodes, on_step)
+            self.pool.dv, d.num_steps, d.topk, n_nodes, on_step,
+            self._score_temperatures(reqs))
         phases["draft"] = _ms(t)
         # 3. Verify: one target forward over all trees (ragged, tree masks).
         t = time.perf_counter()
@@ -799,6 +800,16 @@ class Engine:
         self._draft_extend(keep)
         phases["extend"] = _ms(t)
         return reqs, res.accept_len.tolist()
+
+    def _score_temperatures(self, reqs: list[Request]) -> torch.Tensor | None:
+        """Greedy requests rank tree nodes with the head's calibration temperature (the draft
+        is trained to the target's distribution, greedy verification accepts its argmax: a
+        sharper score puts deep likely nodes before shallow unlikely ones); sampled ones 1."""
+        assert self.draft is not None
+        t = self.draft.config.greedy_score_temperature
+        if t == 1.0:
+            return None
+        return torch.tensor([t if r.sampling.greedy else 1.0 for r in reqs])
 
     def _accept(self, reqs: list[Request], tree: Any, logits: torch.Tensor) -> Any:
         spec = self.spec

@@ -40,6 +40,14 @@ from workbench.models.llama import (
 )
 
 
+def _score_temperature(d: dict[str, Any]) -> float:
+    t = (d.get("workbench") or {}).get("greedy_score_temperature", 1.0)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 < t <= 100.0:
+        raise ConfigError(f"draft config.workbench.greedy_score_temperature: must be a number in "
+                          f"(0, 100], got {t!r}")
+    return float(t)
+
+
 @dataclass(frozen=True)
 class Eagle3Config:
     hidden_size: int
@@ -55,6 +63,12 @@ class Eagle3Config:
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 2048
     aux_layer_ids: tuple[int, ...] | None = None
+    # Temperature that calibrates the draft's probabilities to greedy acceptance (P(token ==
+    # target argmax)), fitted on held-out windows by the trainer; the drafter ranks greedy
+    # requests' tree nodes with it. Ranking only: verification never reads draft probabilities,
+    # so any value is lossless. Stored as config.json "workbench": {"greedy_score_temperature"}
+    # (other loaders ignore it); 1.0 when absent.
+    greedy_score_temperature: float = 1.0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Eagle3Config:
@@ -82,6 +96,7 @@ class Eagle3Config:
             rope_scaling=d.get("rope_scaling"),
             max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
             aux_layer_ids=tuple(aux) if aux else None,
+            greedy_score_temperature=_score_temperature(d),
         )
 
     @classmethod
@@ -114,6 +129,8 @@ class Eagle3Config:
         }
         if self.aux_layer_ids is not None:
             d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
+        if self.greedy_score_temperature != 1.0:
+            d["workbench"] = {"greedy_score_temperature": self.greedy_score_temperature}
         return d
 
     def as_model_config(self) -> ModelConfig:

@@ -21,14 +21,19 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
                root_tokens: torch.Tensor, root_pos: torch.Tensor,
                prefix_slots: list[torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
                num_steps: int, topk: int, num_draft_tokens: int,
-               on_step: object = None) -> DraftTree:
+               on_step: object = None,
+               score_temperature: torch.Tensor | None = None) -> DraftTree:
     """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,);
     prefix_slots: per request the draft-pool slots of positions [0, n). Returns the tree
     (target-vocab ids). ``on_step(depth, tokens (B, K), probs (B, K), parents (B, K))`` is
-    called per step when given (tracing)."""
+    called per step when given (tracing). ``score_temperature`` (B,) divides each request's
+    draft logits before they score and rank nodes (calibration, see
+    ``Eagle3Config.greedy_score_temperature``); the tree's scores and draft probs are the
+    calibrated ones. None: 1."""
     b = logits0.shape[0]
     k = topk
-    logp = torch.log_softmax(logits0.float(), dim=-1)
+    inv_t = None if score_temperature is None else (1.0 / score_temperature.float()).view(b, 1)
+    logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
     f_ids, f_scores, f_lp = expand(torch.zeros(b, 1), logp.unsqueeze(1), k)  # (B, K)
     cand_ids, cand_scores, cand_lp = [f_ids], [f_scores], [f_lp]
     cand_parents = [torch.full((b, k), -1, dtype=torch.int64)]
@@ -45,6 +50,8 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
         pos = (root_pos - 1 + step).repeat_interleave(k)
         logits, out = draft(draft.draft_to_target(f_ids).flatten(), hidden.reshape(b * k, -1),
                             pos, attn)
+        if inv_t is not None:
+            logits = logits.view(b, k, -1) * inv_t.unsqueeze(-1)
         lp = torch.log_softmax(logits, dim=-1).view(b, k, -1)
         c_ids, c_scores, c_lp = expand(f_scores, lp, k)  # (B, K·K)
         parents = f_cand.repeat_interleave(k, dim=1)

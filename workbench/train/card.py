@@ -94,6 +94,7 @@ with the target. Loads in SGLang's EAGLE-3 loader layout.
 | draft-vocab coverage | {s.get('draft_vocab_coverage', float('nan')):.3f} of training tokens |
 | held-out top-1 agreement by unrolled step | {acc} |
 | training speed | {s.get('tokens_per_second', 0):.0f} tokens/s, {s.get('seconds', 0) / 60:.1f} min |
+| greedy calibration | {_calibration(s)} |
 
 Reproduce: `{commands.get('train', '')}`
 
@@ -110,3 +111,12 @@ def write_cards(target: Path, draft: Path, bench_json: Path, commands: dict[str,
     (target / "README.md").write_text(target_card(target, bench, commands["target"]))
     if (draft / "config.json").is_file():
         (draft / "README.md").write_text(draft_card(draft, bench, commands["draft"]))
+
+
+def _calibration(s: dict) -> str:
+    """The tree-ranking temperature row (EAGLE-3 card)."""
+    t, cal = s.get("greedy_score_temperature"), s.get("calibration")
+    if t is None or not cal:
+        return "none (draft probabilities rank tree nodes as they are)"
+    return (f"T = {t} ranks greedy requests' tree nodes (held-out NLL of the target's argmax "
+            f"{cal['nll_T=1']:.2f} at T=1 → {cal['nll_best']:.2f}; ranking only, lossless)")

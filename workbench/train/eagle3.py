@@ -17,6 +17,7 @@ folder (DESIGN.md §6) plus ``training_summary.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -437,6 +438,54 @@ def evaluate(draft: Eagle3Draft, target: LlamaForCausalLM, aux: tuple[int, ...],
     return {"loss": (kl_sum / n).tolist(), "acc": (acc_sum / n).tolist()}
 
 
+# Temperatures tried when calibrating (ranking only: see Eagle3Config.greedy_score_temperature).
+TEMPERATURE_GRID = tuple(round(0.1 + 0.05 * i, 2) for i in range(39))  # 0.10 .. 2.00
+
+
+@torch.no_grad()
+def fit_greedy_temperature(draft: Eagle3Draft, target: LlamaForCausalLM, aux: tuple[int, ...],
+                           windows: np.ndarray, cfg: DraftTrainConfig
+                           ) -> tuple[float, dict[str, float]]:
+    """Temperature scaling (Guo et al., 2017) of the draft's logits against greedy acceptance.
+
+    The head is trained to the target's *distribution* (forward KL), but greedy verification
+    accepts a draft token iff it is the target's *argmax*, which happens far more often than the
+    target's top probability says: the raw draft is under-confident for greedy decoding, and the
+    EAGLE-2 rerank, which trusts draft probabilities, then prefers shallow side branches to deep
+    likely nodes. Fit T minimising the mean NLL of the target's argmax (in the draft vocabulary)
+    under softmax(logits / T), over every unrolled step of ``windows`` (held-out). Returns
+    (T, {"nll_T=1": ..., "nll_best": ...})."""
+    draft.eval()
+    vd = draft.config.draft_vocab_size
+    target_ids = draft.draft_to_target(torch.arange(vd))
+    to_draft = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
+    to_draft[target_ids] = torch.arange(vd)
+    grid = torch.tensor(TEMPERATURE_GRID)
+    nll_sum = torch.zeros(len(grid), dtype=torch.float64)
+    count = 0
+    for lo in range(0, len(windows), cfg.batch):
+        x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64))
+        logits, taps = target_features(target, x, aux)
+        n = x.shape[1] - 1
+        label = to_draft[logits[:, 1:].argmax(-1)]  # (B, n): -1 where the draft cannot hit it
+        hidden = draft.fuse_features(taps[:, :n])
+        for j, q in enumerate(ttt_unroll(draft, hidden, x[:, 1:], cfg.ttt_steps)):
+            lab = label[:, j:].reshape(-1)
+            ok = lab >= 0
+            rows = q[:, j:].reshape(-1, vd)[ok].float()
+            lab = lab[ok]
+            for g, t in enumerate(grid.tolist()):
+                lp = torch.log_softmax(rows / t, dim=-1)
+                nll_sum[g] -= lp.gather(1, lab.unsqueeze(1)).double().sum()
+            count += int(lab.numel())
+    draft.train()
+    nll = nll_sum / max(count, 1)
+    best = int(nll.argmin())
+    one = TEMPERATURE_GRID.index(1.0)
+    return TEMPERATURE_GRID[best], {"nll_T=1": float(nll[one]), "nll_best": float(nll[best]),
+                               "rows": count}
+
+
 def est_accept_length(acc: list[float]) -> float:
     """Chain (topk=1) estimate: 1 + sum_j prod_{k<=j} acc_k (acc_k taken as conditional)."""
     return float(1.0 + np.cumprod(acc).sum())
@@ -541,6 +590,11 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
              "heldout": evaluate(draft, target, aux, eval_windows(held, cfg), cfg)}
     if regen_held is not None:
         evals["heldout_regen"] = evaluate(draft, target, aux, eval_windows(regen_held, cfg), cfg)
+    # 5. Calibrate the tree-ranking temperature for greedy requests on held-out windows (the
+    # regenerated ones when there are: the target's own continuations, as at inference).
+    cal_src = regen_held if regen_held is not None and len(regen_held) else held
+    temp, cal = fit_greedy_temperature(draft, target, aux, eval_windows(cal_src, cfg), cfg)
+    draft.config = dataclasses.replace(draft.config, greedy_score_temperature=temp)
     save_eagle3(draft, cfg.out)
     in_vocab = draft.get_buffer("t2d")[torch.from_numpy(train.astype(np.int64))]
     summary: dict[str, Any] = {
@@ -554,6 +608,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         "regen_seconds": regen_seconds,
         **evals,
         "est_accept_length_chain": {k: est_accept_length(v["acc"]) for k, v in evals.items()},
+        "greedy_score_temperature": temp, "calibration": cal,
         "torch_threads": torch.get_num_threads(), "config": asdict(cfg), "history": history,
     }
     (Path(cfg.out) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
