@@ -37,6 +37,15 @@ def test_reference_equals_brute_force(batch: tuple[torch.Tensor, ...]) -> None:
     _assert_brute_force(cand, parents, predict, reference.greedy_accept(cand, parents, predict))
 
 
+@FAST
+@given(batch=tree_batches(max_batch=5, max_nodes=20))
+def test_cpu_walk_equals_reference(batch: tuple[torch.Tensor, ...]) -> None:
+    """The CPU dispatch (a Python walk) returns exactly the reference's tensors."""
+    cand, parents, predict = batch
+    _assert_equal(reference.greedy_accept_walk(cand, parents, predict),
+                  reference.greedy_accept(cand, parents, predict))
+
+
 @TRITON
 @given(batch=tree_batches(max_batch=4, max_nodes=24))
 def test_triton_equals_reference_hypothesis(batch: tuple[torch.Tensor, ...],

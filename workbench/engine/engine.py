@@ -854,7 +854,10 @@ class Engine:
     def _bad_logits(self, r: Request, logits: torch.Tensor,
                     outputs: dict[int, StepOutput]) -> bool:
         """Non-finite logits fail this request only; the others continue."""
-        if faults.active(f"step:nan_logits@{r.rid}") or not bool(torch.isfinite(logits).all()):
+        # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf); only
+        # a non-finite sum (or a huge finite overflow) pays for the elementwise check.
+        if faults.active(f"step:nan_logits@{r.rid}") or (
+                not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all())):
             r.error = f"request {r.rid}: non-finite logits at position {r.kv_len}"
             self._finish(r, "error")
             outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)

@@ -105,6 +105,8 @@ def greedy_accept(
     """
     if backend_for(candidates.device) == "triton":
         fn = _triton_module("greedy_accept").greedy_accept_triton
+    elif candidates.device.type == "cpu":
+        fn = reference.greedy_accept_walk  # the same walk over Python ints: ~10x fewer µs
     else:
         fn = reference.greedy_accept
     return fn(candidates, parents, target_predict)

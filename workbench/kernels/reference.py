@@ -130,6 +130,32 @@ def greedy_accept(
     return accept_index, accept_len, target_predict[rows, cur]
 
 
+def greedy_accept_walk(
+    candidates: torch.Tensor, parents: torch.Tensor, target_predict: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`greedy_accept` as a plain Python walk over the rows (CPU dispatch: at B·N of a
+    few dozen, a hundred tiny tensor ops cost more than the walk itself). Same contract and
+    results (tests/kernels checks them equal)."""
+    batch, nodes = check_greedy_accept_args(candidates, parents, target_predict)
+    check_tree_values(parents)
+    cand, par, pred = candidates.tolist(), parents.tolist(), target_predict.tolist()
+    accept_index = [[-1] * nodes for _ in range(batch)]
+    accept_len, bonus = [0] * batch, [0] * batch
+    for b in range(batch):
+        cb, pb, tb, idx = cand[b], par[b], pred[b], accept_index[b]
+        idx[0] = cur = 0
+        n = 0
+        for c in range(1, nodes):  # children of cur come after it, in index order
+            if pb[c] == cur and cb[c] == tb[cur]:
+                n += 1
+                idx[n] = cur = c
+        accept_len[b], bonus[b] = n, tb[cur]
+    dev = candidates.device
+    return (torch.tensor(accept_index, dtype=torch.int64, device=dev).view(batch, nodes),
+            torch.tensor(accept_len, dtype=torch.int64, device=dev),
+            torch.tensor(bonus, dtype=torch.int64, device=dev))
+
+
 def _inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Smallest t with ``cumsum(p / p.sum())[t] > u`` and ``p[t] > 0``, per row.
 

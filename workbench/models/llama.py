@@ -166,10 +166,16 @@ def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
 # M=6..64 2-2.5x faster than MKL's small-M path on the 2-core EPYC (wb-target's 18 layers:
 # T=1 1.6 vs 2.7 ms, T=6 1.9 vs 4.9 ms, T=16 2.5 vs 6.6 ms, T=300 19 vs 42 ms).
 PACK_HINT = 16
-# Above this many rows the dense path runs instead: oneDNN keeps per-shape state (RSS grows with
-# the number of distinct M it has seen, ~0.5 MB per shape and MB of weight, bounded but
-# unwelcome under a soak), and large-M GEMMs (prefill) are compute-bound either way.
-PACKED_MAX_M = 64
+# oneDNN builds (JIT-compiles) and caches one primitive per input shape, and RSS grows with
+# the number of distinct row counts M it has seen (the 18 layers of wb-target: +430 MB after
+# M = 65..199). So rows are used as they come up to EXACT_M (decode batches, chain and N<=16
+# tree verifies at bs=1, draft steps: padding those would cost ~0.7 ms per chain verify), then
+# padded up to a power of two up to M_BUCKET, then to a multiple of M_BUCKET: at most
+# EXACT_M + 2 + max_rows / 64 shapes, so a long-running engine stops growing once it has seen
+# them. Padded rows are zeros and never change the real rows' results (oneDNN computes each row
+# the same way at every M; the lossless and oracle tests run through these paths).
+EXACT_M = 16
+M_BUCKET = 64
 
 
 def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,19 +183,34 @@ def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT), w
 
 
+def row_bucket(m: int) -> int:
+    """The padded row count for ``m`` rows (1..16 as is, 32, 64, 128, 192, ...)."""
+    if m <= EXACT_M:
+        return m
+    if m <= M_BUCKET:
+        return 1 << (m - 1).bit_length()
+    return -(-m // M_BUCKET) * M_BUCKET
+
+
 def onednn_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
                   b: torch.Tensor | None) -> torch.Tensor:
-    if x.shape[0] > PACKED_MAX_M:
-        return F.linear(x, w[1], b)
-    return torch.ops.mkldnn._linear_pointwise(x, w[0], b, "none", [], "")
+    m = x.shape[0]
+    mb = row_bucket(m)
+    if mb == m:
+        return torch.ops.mkldnn._linear_pointwise(x, w[0], b, "none", [], "")
+    xp = F.pad(x, (0, 0, 0, mb - m))
+    return torch.ops.mkldnn._linear_pointwise(xp, w[0], b, "none", [], "")[:m]
 
 
 def onednn_linear_add(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
                       res: torch.Tensor) -> torch.Tensor:
     """res + x·wᵀ in one oneDNN call (post-op add)."""
-    if x.shape[0] > PACKED_MAX_M:
-        return torch.addmm(res, x, w[1].t())
-    return torch.ops.mkldnn._linear_pointwise.binary(x, res, w[0], None, "add")
+    m = x.shape[0]
+    mb = row_bucket(m)
+    if mb == m:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, res, w[0], None, "add")
+    xp, rp = F.pad(x, (0, 0, 0, mb - m)), F.pad(res, (0, 0, 0, mb - m))
+    return torch.ops.mkldnn._linear_pointwise.binary(xp, rp, w[0], None, "add")[:m]
 
 
 def dense_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
