@@ -124,7 +124,10 @@ class SpecConfig:
     topk: int = 4
     num_draft_tokens: int | None = None
     policy: Policy | None = None  # None → Always()
-    draft_state: Literal["warm", "cold"] = "warm"
+    # while speculation is off: "warm" extends the draft on every plain step (SGLang), "cold"
+    # skips it and catches up when speculation returns, "auto" stays warm for the first
+    # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold
+    draft_state: Literal["warm", "cold", "auto"] = "warm"
     simulate_accept_length: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -146,8 +149,8 @@ class SpecConfig:
         if n > k * (s - 1) + k + 1:
             raise ConfigError(f"SpecConfig.num_draft_tokens: {n} > topk·(num_steps−1)+topk+1 = "
                               f"{k * (s - 1) + k + 1}")
-        if self.draft_state not in ("warm", "cold"):
-            raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold")
+        if self.draft_state not in ("warm", "cold", "auto"):
+            raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold/auto")
         a = self.simulate_accept_length
         if a is not None and not 1.0 <= a <= s + 1:
             raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "

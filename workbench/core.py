@@ -65,7 +65,10 @@ class Request:
     prefill_target: int = 0  # prefill covers tokens[:prefill_target]
     sample_after_prefill: bool = True
     draft_len: int = 0
-    pending_feats: torch.Tensor | None = None  # (m, 3·Dt)
+    # chunks of (m_i, 3·Dt), concatenated once at the next draft extend (a cold stretch appends
+    # one chunk per step: no quadratic re-copying)
+    pending_feats: list[torch.Tensor] | None = None
+    pending_rows: int = 0
     draft_logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
     draft_hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1
     spec_capable: bool = False

@@ -18,7 +18,7 @@ import workbench as wb
 from workbench.spec.costmodel import CostModel, LinearCost
 from workbench.spec.policy import Goodput, RandomFlip, StepTable
 
-State = Literal["warm", "cold"]
+State = Literal["warm", "cold", "auto"]
 SHAPE: dict[str, Any] = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
 SP = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
 
@@ -97,7 +97,7 @@ def spec_steps(engine: wb.Engine) -> tuple[int, int]:
     return engine.stats.steps["spec"], engine.stats.steps["plain"]
 
 
-@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("state", ["warm", "cold", "auto"])
 @pytest.mark.parametrize("batch", [4, 13])
 def test_random_flip_equals_baseline(engine: wb.Engine, state: State, batch: int) -> None:
     base = baseline(engine, 13, 1, batch)
@@ -108,7 +108,7 @@ def test_random_flip_equals_baseline(engine: wb.Engine, state: State, batch: int
     assert s1 > s0 and p1 > p0  # both kinds of step (and switches) happened
 
 
-@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("state", ["warm", "cold", "auto"])
 def test_random_shapes_equal_baseline(engine: wb.Engine, state: State) -> None:
     """Each speculative step draws its own (S, K, N): chains, trees, depth 1 to 5."""
     shapes = [(1, 1, 2), (3, 2, 6), (5, 4, 16), (4, 1, 5), (2, 3, 7)]
@@ -117,7 +117,7 @@ def test_random_shapes_equal_baseline(engine: wb.Engine, state: State) -> None:
     assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
 
 
-@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("state", ["warm", "cold", "auto"])
 def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: State) -> None:
     base = baseline(engine, 13, 1, 4)
     aborts = {0: 3, 2: 1, 5: 6, 9: 4, 12: 2}  # prompt index → steps after admission
@@ -130,7 +130,7 @@ def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: State) -> None
             assert g == b
 
 
-@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("state", ["warm", "cold", "auto"])
 def test_goodput_equals_baseline(engine: wb.Engine, state: State) -> None:
     """Goodput over two shapes with a cost model that makes on/off a close call: it switches."""
     cm = CostModel(target=LinearCost(a=1.0, b=0.05), draft=LinearCost(a=0.3, b=0.01))
@@ -142,7 +142,7 @@ def test_goodput_equals_baseline(engine: wb.Engine, state: State) -> None:
     assert s1 > s0 and p1 > p0 and policy.switches >= 1
 
 
-@pytest.mark.parametrize("state", ["warm", "cold"])
+@pytest.mark.parametrize("state", ["warm", "cold", "auto"])
 def test_step_table_equals_baseline(engine: wb.Engine, state: State) -> None:
     """Tiers change as the staggered batch grows and drains: tree, chain, off."""
     table = StepTable({(1, 3): (5, 4, 16), (4, 8): (3, 1, 4), (9, None): None})
@@ -167,3 +167,43 @@ def test_cold_catch_up_keeps_acceptance(engine: wb.Engine) -> None:
         taus[state] = sum(acc) / len(acc)
     assert taus["warm"] > 1.3
     assert taus["cold"] == pytest.approx(taus["warm"], abs=0.1)
+
+
+class OffStretches:
+    """Speculate except during long off stretches (steps 4-23 and 40-69 of each run)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def decide(self, ctx: Any) -> Any:
+        from workbench.spec.policy import Decision
+
+        self.step += 1
+        if 4 <= self.step < 24 or 40 <= self.step < 70:
+            return Decision(False, reason="stretch off")
+        return Decision(True, num_steps=ctx.num_steps, topk=ctx.topk,
+                        num_draft_tokens=ctx.num_draft_tokens, reason="on")
+
+    def observe(self, decision: Any, measured_ms: float, accepted: list[int]) -> None:
+        """Nothing to learn."""
+
+
+def test_auto_goes_cold_in_long_off_stretches(engine: wb.Engine,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """draft_state="auto": the first AUTO_WARM_STEPS plain steps of an off stretch extend the
+    draft, later ones do not, and speculation resumes losslessly: fewer extends than warm, more
+    than cold, same outputs as the baseline."""
+    base = baseline(engine, 13, 1, 4)
+    calls: dict[str, int] = {}
+    real = engine._draft_extend
+    for state in ("warm", "auto", "cold"):
+        calls[state] = 0
+
+        def counting(reqs: Any, state: str = state) -> None:
+            calls[state] += 1
+            real(reqs)
+
+        monkeypatch.setattr(engine, "_draft_extend", counting)
+        spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=OffStretches())
+        assert run(engine, prompts(13, 1), spec, 4) == base, state
+    assert calls["cold"] < calls["auto"] < calls["warm"], calls

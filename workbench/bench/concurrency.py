@@ -62,8 +62,8 @@ class StepRecorder:
 def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8,
                  cost_model: Any = None, flips: bool = True) -> dict[str, SpecConfig | None]:
     """baseline, eagle3 (Always), never (K=0 tax), threshold (BatchThreshold), goodput (with a
-    cost model calibrated now unless given) and the warm/cold RandomFlip pair. Without a draft
-    model only the baseline."""
+    cost model calibrated now unless given) — the last three with ``draft_state="auto"`` — and
+    the warm/cold RandomFlip pair. Without a draft model only the baseline."""
     if engine.draft is None:
         return {"baseline": None}
     from workbench.spec.costmodel import calibrate
@@ -71,13 +71,14 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
 
     spec = spec or SpecConfig()
     shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))
+    off = dataclasses.replace(spec, draft_state="auto")  # policies that turn drafting off
     cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
     arms: dict[str, SpecConfig | None] = {
         "baseline": None,
         "eagle3": dataclasses.replace(spec, policy=Always()),
-        "never": dataclasses.replace(spec, policy=Never()),
-        "threshold": dataclasses.replace(spec, policy=BatchThreshold(threshold)),
-        "goodput": dataclasses.replace(spec, policy=Goodput(cm.copy())),
+        "never": dataclasses.replace(off, policy=Never()),
+        "threshold": dataclasses.replace(off, policy=BatchThreshold(threshold)),
+        "goodput": dataclasses.replace(off, policy=Goodput(cm.copy())),
     }
     if flips:
         arms["flip_warm"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),
