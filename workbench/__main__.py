@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true")
     b.add_argument("--assistant", default="data/models/wb-assistant",
                    help="small draft LM for transformers assisted generation (peers)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="concurrency/threshold: run every (level, arm) cell this many times, "
+                        "arm order rotated per repeat (means reported)")
     b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
                    help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
                         "num_draft_tokens (root included; chain: S,1,S+1)")

@@ -71,6 +71,13 @@ def _spec(ns: argparse.Namespace) -> Any:
         raise ConfigError(f"--spec {ns.spec}: {e}") from e
 
 
+def _repeats(ns: argparse.Namespace) -> int:
+    r = getattr(ns, "repeats", 1)
+    if not isinstance(r, int) or r < 1:
+        raise ConfigError(f"--repeats: must be an integer >= 1, got {r!r}")
+    return r
+
+
 def _show(title: str, df: pd.DataFrame) -> None:
     print(f"\n{title}")
     print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
@@ -158,7 +165,8 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     try:
         arms = default_arms(engine, spec=shape, flips=True)
         df = run_concurrency(engine, prompts, levels=levels, arms=arms,
-                             max_new_tokens=_max_new(ns), out=ns.out)
+                             max_new_tokens=_max_new(ns), out=ns.out,
+                             repeats=_repeats(ns))
     finally:
         engine.close()
     cols = ["arm", "concurrency", "tok_s", "vs_baseline", "ttft_p50_ms", "ttft_p99_ms",
@@ -220,7 +228,8 @@ def bench_threshold(ns: argparse.Namespace) -> int:
     try:
         df = run_concurrency(engine, prompts, levels=levels,
                              arms={"baseline": None, "eagle3": shape},
-                             max_new_tokens=_max_new(ns), out=ns.out, name="threshold")
+                             max_new_tokens=_max_new(ns), out=ns.out, name="threshold",
+                             repeats=_repeats(ns))
     finally:
         engine.close()
     th = find_threshold(df)

@@ -62,8 +62,9 @@ class StepRecorder:
 def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8,
                  cost_model: Any = None, flips: bool = True) -> dict[str, SpecConfig | None]:
     """baseline, eagle3 (Always), never (K=0 tax), threshold (BatchThreshold), goodput (with a
-    cost model calibrated now unless given) — the last three with ``draft_state="auto"`` — and
-    the warm/cold RandomFlip pair. Without a draft model only the baseline."""
+    cost model calibrated now unless given; candidates: the spec's shape, the chain of the same
+    depth and a 3-step chain) — the last three with ``draft_state="auto"`` — and the warm/cold
+    RandomFlip pair. Without a draft model only the baseline."""
     if engine.draft is None:
         return {"baseline": None}
     from workbench.spec.costmodel import calibrate
@@ -72,13 +73,15 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
     spec = spec or SpecConfig()
     shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))
     off = dataclasses.replace(spec, draft_state="auto")  # policies that turn drafting off
+    # Goodput may also pick cheaper chains (mid batch sizes: less verify work per request)
+    candidates = list(dict.fromkeys([shape, (shape[0], 1, shape[0] + 1), (3, 1, 4)]))
     cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
     arms: dict[str, SpecConfig | None] = {
         "baseline": None,
         "eagle3": dataclasses.replace(spec, policy=Always()),
         "never": dataclasses.replace(off, policy=Never()),
         "threshold": dataclasses.replace(off, policy=BatchThreshold(threshold)),
-        "goodput": dataclasses.replace(off, policy=Goodput(cm.copy())),
+        "goodput": dataclasses.replace(off, policy=Goodput(cm.copy(), candidates=candidates)),
     }
     if flips:
         arms["flip_warm"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),

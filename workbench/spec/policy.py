@@ -247,6 +247,9 @@ class RandomFlip:
         """Nothing to learn."""
 
 
+PROBE_BACKOFF_MAX = 16
+
+
 class Goodput:
     """Per step, the candidate (S, K, N) — or off — that maximises expected tokens/s.
 
@@ -269,8 +272,10 @@ class Goodput:
     thrash. Probing: while off nothing is observed, so after ``probe_every`` consecutive off
     steps one step speculates with the best-rated candidate (reason "probe"); its acceptance
     updates the estimates and, if it recovered, the policy switches back on. Probing bounds the
-    cost of a stale "off" to one speculative step in ``probe_every + 1``; 0 disables it. A
-    policy that starts off probes on its first step (it has measured nothing yet).
+    cost of a stale "off" to one speculative step in ``probe_every + 1``; 0 disables it. A probe
+    that leaves the policy off doubles the interval (up to ``PROBE_BACKOFF_MAX·probe_every``: a
+    long busy period pays for few probes, each with a cold-draft catch-up); switching on resets
+    it. A policy that starts off probes on its first step (it has measured nothing yet).
     """
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Sequence[int]] | None = None,
@@ -311,6 +316,8 @@ class Goodput:
         self.started = False
         self.dwell = 0  # steps spent in the current choice
         self.off_run = self.probe_every  # off decisions since the last probe (start: probe)
+        self.probe_gap = self.probe_every  # current probe interval (backs off, see decide)
+        self._probed = False
         self.switches = 0
         self.probes = 0
         self._pending: tuple[Decision, float, str] | None = None  # decision, raw ms, kind
@@ -360,12 +367,16 @@ class Goodput:
         choice = self.current
         why = f"goodput {_name(choice)} {rates[choice][0]:.0f} tok/s (best {_name(best)})"
         if choice is None:
+            if self._probed:  # the last probe did not bring speculation back: probe half as often
+                self.probe_gap = min(2 * self.probe_gap, PROBE_BACKOFF_MAX * self.probe_every)
+                self._probed = False
             self.off_run += 1
-            if self.probe_every and self.off_run > self.probe_every:
+            if self.probe_every and self.off_run > self.probe_gap:
                 self.off_run = 0
                 self.probes += 1
+                self._probed = True
                 shape = max((o for o in rates if o is not None), key=lambda o: rates[o][0])
-                return self._remember(_spec(shape, f"probe after {self.probe_every} off steps",
+                return self._remember(_spec(shape, f"probe after {self.probe_gap} off steps",
                                             rates[shape][1]), ctx)
             return self._remember(Decision(False, reason=why, predicted_ms=rates[None][1]), ctx)
         return self._remember(_spec(choice, why, rates[choice][1]), ctx)
@@ -374,6 +385,8 @@ class Goodput:
         if self.started:
             self.switches += int(choice != self.current)
             self.off_run = 0
+        if choice is not None:
+            self.probe_gap, self._probed = self.probe_every, False
         self.started = True
         self.current = choice
         self.dwell = 1
