@@ -144,8 +144,10 @@ F.concurrency_curves(check)
 # ## What a switch costs
 # The `flip_warm` / `flip_cold` arms turn speculation on and off at random (p = 0.5) so every
 # step is a potential switch. Cold pays when speculation comes back (draft catch-up); warm pays
-# on every plain step. The `never` arm measures the warm draft's standing cost — the
-# **K=0 tax** of keeping a speculative engine idle.
+# on every plain step. The policy arms (`never`, `threshold`, `goodput`) use
+# `draft_state="auto"`: warm for the first 8 plain steps of an off stretch (short flips stay
+# cheap), cold after that. The `never` arm measures what an idle speculative engine still
+# costs — the **K=0 tax**.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -199,6 +201,7 @@ else:
 #   the baseline was ahead at every parallel level they measured.
 # - `find_threshold` turns a sweep into `BatchThreshold(n)`; the threshold arm should track the
 #   upper envelope. Policies never change outputs (checked above, token for token).
-# - While off, a warm draft costs a little on every step, a cold one a catch-up per switch.
+# - While off, a warm draft costs a little on every step, a cold one a catch-up per switch;
+#   `auto` takes the warm side for short off stretches and the cold side for long ones.
 # - The threshold must exist before the first decode step that reads it: **05** shows the
 #   all-or-nothing init that makes a half-built engine impossible.
