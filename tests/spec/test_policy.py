@@ -349,6 +349,10 @@ def test_concurrency_bench_smoke(engine: wb.Engine, tmp_path: Path) -> None:
     assert s.loc[("never", 3), "spec_share"] == 0.0
     assert 0.0 < s.loc[("flip_cold", 3), "spec_share"] < 1.0
     assert not math.isnan(s.loc[("never", 1), "k0_tax"])
+    # per-step K=0 tax: steady-state steps exist at both levels (full batch, no prefill)
+    assert (s["steady_step_ms"] > 0).all()
+    assert not math.isnan(s.loc[("never", 3), "k0_tax_step"])
+    assert math.isnan(s.loc[("eagle3", 3), "k0_tax_step"])
     assert list(switch_costs(df)["concurrency"]) == [1, 3]
     saved = json.loads((tmp_path / "concurrency.json").read_text())
     assert "machine" in saved and "threshold" in saved and len(saved["rows"]) == 10

@@ -176,7 +176,8 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     _show("closed-loop concurrency sweep (greedy)", s[cols])
     never = s[s["arm"] == "never"]
     if not never.empty:
-        _show("K=0 tax (never vs baseline)", never[["concurrency", "k0_tax"]])
+        _show("K=0 tax (never vs baseline): whole-run tok/s and per steady-state step",
+              never[["concurrency", "k0_tax", "k0_tax_step"]])
     sc = switch_costs(df)
     if not sc.empty:
         _show("cost per switch: warm vs cold draft (RandomFlip p=0.5)", sc)

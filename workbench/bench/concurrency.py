@@ -8,7 +8,9 @@ plain and speculative step times, and a token-for-token comparison with the base
 
 Derived measurements:
 * **K=0 tax**: arm ``never`` (SpecConfig(policy=Never()): the speculative engine with drafting
-  off, warm draft) vs ``baseline`` → ``k0_tax = 1 − tok/s(never)/tok/s(baseline)``.
+  off, draft_state auto) vs ``baseline`` → ``k0_tax = 1 − tok/s(never)/tok/s(baseline)``, and
+  per step, ``k0_tax_step`` = median steady-state step ms of never / baseline − 1 (steps at the
+  full batch without prefill work: far less noisy than whole-run tok/s).
 * **cost per switch**: arms ``flip_warm`` / ``flip_cold`` (RandomFlip(0.5), warm vs cold draft)
   → ``switch_extra_ms`` = mean ms of a speculative step right after an off step minus one right
   after a speculative step (cold pays the draft catch-up there; warm pays a draft extend on
@@ -120,6 +122,7 @@ def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None
     outputs: dict[int, list[int]] = {}
     metrics = []
     prefill_steps: set[int] = set()  # recorder row indices of steps that ran a prefill chunk
+    steady: list[float] = []  # ms of steps with a full decode batch and no prefill chunk
     tokens = 0
     t0 = time.perf_counter()
     try:
@@ -130,7 +133,10 @@ def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None
                 nxt += 1
             prefilling = any(engine.requests[r].in_prefill for r in live)
             n_rows = len(rec.rows) if rec is not None else 0
+            ts = time.perf_counter()
             outs = engine.step()
+            if not prefilling and len(live) == concurrency:
+                steady.append(1e3 * (time.perf_counter() - ts))
             if prefilling and rec is not None and len(rec.rows) > n_rows:
                 prefill_steps.add(len(rec.rows) - 1)
             for o in outs:
@@ -165,6 +171,9 @@ def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None
         "tau": float(np.mean(accepts)) if accepts else 1.0,
         "spec_share": steps["spec"] / max(1, steps["spec"] + steps["plain"]),
         "decode_steps": steps["spec"] + steps["plain"],
+        # median ms of a step at the full batch without prefill work: the per-step cost of an arm
+        # (robust to ramp-up, drain and prefill, unlike tok/s over the whole run)
+        "steady_step_ms": float(np.median(steady)) if steady else float("nan"),
     }
     row.update(_step_times(rec, prefill_steps))
     return _Run(outputs, row)
@@ -249,6 +258,10 @@ def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
     base = df[df["arm"] == "baseline"].groupby("concurrency")["tok_s"].mean()
     df["vs_baseline"] = df["tok_s"] / df["concurrency"].map(base)
     df["k0_tax"] = np.where(df["arm"] == "never", 1.0 - df["vs_baseline"], np.nan)
+    # the same tax per steady-state step: median step ms of never over baseline's, minus 1
+    step = df[df["arm"] == "baseline"].groupby("concurrency")["steady_step_ms"].mean()
+    df["k0_tax_step"] = np.where(df["arm"] == "never",
+                                 df["steady_step_ms"] / df["concurrency"].map(step) - 1.0, np.nan)
     return df
 
 
