@@ -115,7 +115,9 @@ class TreeDraftAttention:
     """
 
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
-                 prefix_slots: list[torch.Tensor]) -> None:
+                 prefix_slots: list[torch.Tensor], max_tree: int = 0) -> None:
+        """``max_tree``: tree entries the draft phase will add ((S−1)·K); the prefix and the tree
+        then share one preallocated buffer (no re-concatenation per depth); 0 grows by cat."""
         b = len(prefix_slots)
         lk = max(int(s.numel()) for s in prefix_slots)
         idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots])
@@ -125,6 +127,13 @@ class TreeDraftAttention:
         self.pre_valid = torch.zeros(b, lk, dtype=torch.bool)
         for i, s in enumerate(prefix_slots):
             self.pre_valid[i, : int(s.numel())] = True
+        self.lp, self.n_tree, self.cap = lk, 0, max_tree
+        if max_tree:
+            self.k_buf = torch.cat([self.k_pre, self.k_pre.new_empty(b, max_tree,
+                                                                     *shape[2:])], dim=1)
+            self.v_buf = torch.cat([self.v_pre, self.v_pre.new_empty(b, max_tree,
+                                                                     *shape[2:])], dim=1)
+            self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at first run
         self.k_tree: list[torch.Tensor] = []
         self.v_tree: list[torch.Tensor] = []
         self.b, self.h = b, num_heads
@@ -140,11 +149,25 @@ class TreeDraftAttention:
         assert self.anc is not None
         b = self.b
         kf = k.view(b, -1, *k.shape[1:])
+        kq = kf.shape[1]
+        if self.cap and self.n_tree + kq <= self.cap:
+            lo, n = self.lp + self.n_tree, self.lp + self.n_tree + kq
+            self.k_buf[:, lo:n] = kf
+            self.v_buf[:, lo:n] = v.view(b, -1, *v.shape[1:])
+            self.n_tree += kq
+            if self.mask_buf is None or self.mask_buf.shape[1] != kq:
+                self.mask_buf = torch.zeros(b, kq, self.lp + self.cap, dtype=torch.bool)
+                self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
+            self.mask_buf[:, :, self.lp : n] = self.anc
+            o = F.scaled_dot_product_attention(
+                q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),
+                self.v_buf[:, :n].transpose(1, 2), attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),
+                enable_gqa=self.gqa)
+            return o.transpose(1, 2).reshape(b * kq, *q.shape[1:])
         self.k_tree.append(kf)
         self.v_tree.append(v.view(b, -1, *v.shape[1:]))
         kk = torch.cat([self.k_pre, *self.k_tree], dim=1).transpose(1, 2)
         vv = torch.cat([self.v_pre, *self.v_tree], dim=1).transpose(1, 2)
-        kq = kf.shape[1]
         mask = torch.cat([self.pre_valid.unsqueeze(1).expand(b, kq, -1), self.anc], dim=2)
         qq = q.view(b, kq, *q.shape[1:]).transpose(1, 2)
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask.unsqueeze(1),

@@ -41,7 +41,8 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     if callable(on_step):
         on_step(1, draft.draft_to_target(f_ids), f_lp.exp(), cand_parents[0])
     hidden = hidden0.unsqueeze(1).expand(b, k, -1)
-    attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots)
+    attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
+                              max_tree=(num_steps - 1) * k)
     anc = torch.eye(k, dtype=torch.bool).expand(b, k, k)
     rows = torch.arange(b).unsqueeze(1)
     n_cand = k
