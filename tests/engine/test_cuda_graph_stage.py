@@ -147,6 +147,22 @@ def test_engine_with_eager_graph_runner_equals_plain_engine(micro_target: Path, 
     assert replays[(4, 1)] > 0 and replays[(4, 6)] > 0, replays  # padded buckets were used
 
 
+def ragged_batch(pool: KVPool, blocks: list[list[int]], starts: list[int], ends: list[int],
+                 gen: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int],
+                                                torch.Tensor, torch.Tensor]:
+    """Request i's new tokens at positions [starts[i], ends[i]): write slots, kv slots, q_lens,
+    random tokens and positions, as ``Engine._target_forward`` lays them out."""
+    write, kv = [], []
+    for blk, s, e in zip(blocks, starts, ends, strict=True):
+        sl = pool.slots(blk, 0, e)
+        write.append(sl[s:])
+        kv.append(sl)
+    q_lens = [e - s for s, e in zip(starts, ends, strict=True)]
+    toks = torch.randint(1, 299, (sum(q_lens),), generator=gen)
+    pos = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+    return write, kv, q_lens, toks, pos
+
+
 def test_runner_forward_matches_eager_and_leaves_the_pool_identical(micro_target: Path) -> None:
     """Direct comparison: hidden states and aux taps equal the eager backend's, and padding
     rows (copies of request 0) leave the KV pool bit-identical to an eager run."""
@@ -176,14 +192,7 @@ def test_runner_forward_matches_eager_and_leaves_the_pool_identical(micro_target
                 starts, ends = [0] * 3, lens
             else:
                 starts, ends = lens, [n + q for n in lens]
-            write, kv = [], []
-            for blk, s, e in zip(blocks, starts, ends, strict=True):
-                sl = pools[0].slots(blk, 0, e)
-                write.append(sl[s:])
-                kv.append(sl)
-            q_lens = [e - s for s, e in zip(starts, ends, strict=True)]
-            toks = torch.randint(1, 299, (sum(q_lens),), generator=gen)
-            pos = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+            write, kv, q_lens, toks, pos = ragged_batch(pools[0], blocks, starts, ends, gen)
             eager.plan(torch.cat(write), q_lens, kv, masks)
             want_h, want_aux = m(toks, pos, eager, (1, 3, 5))
             if q is None:
@@ -285,14 +294,7 @@ def test_gpu_captured_graphs_match_eager(attention: str,
     with torch.inference_mode():
         for q, masks in ((None, None), (1, None), (1, None), (5, trees)):
             starts, ends = ([0] * 3, lens) if q is None else (lens, [n + q for n in lens])
-            write, kv = [], []
-            for blk, s, e in zip(blocks, starts, ends, strict=True):
-                sl = pools[0].slots(blk, 0, e)
-                write.append(sl[s:])
-                kv.append(sl)
-            q_lens = [e - s for s, e in zip(starts, ends, strict=True)]
-            toks = torch.randint(1, 299, (sum(q_lens),), generator=gen)
-            pos = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends, strict=True)])
+            write, kv, q_lens, toks, pos = ragged_batch(pools[0], blocks, starts, ends, gen)
             eager.plan(torch.cat(write), q_lens, kv, masks)
             want_h, want_aux = m(toks.cuda(), pos.cuda(), eager, (0, 2))
             if q is None:

@@ -619,7 +619,8 @@ class Engine:
         for r in reqs:
             if r.draft_len == r.kv_len:
                 continue
-            if r.pending_feats is None or r.pending_rows != r.kv_len - r.draft_len:
+            if r.pending_feats is None or \
+                    sum(f.shape[0] for f in r.pending_feats) != r.kv_len - r.draft_len:
                 r.spec_capable = False  # features were not kept (spec toggled off): plain only
                 continue
             todo.append(r)
@@ -646,13 +647,12 @@ class Engine:
             r.draft_logits = logits[ends[i]]
             r.draft_hidden = out[ends[i]]
             r.draft_len = r.kv_len
-            r.pending_feats, r.pending_rows = None, 0
+            r.pending_feats = None
 
     def _keep_feats(self, r: Request, feats: torch.Tensor) -> None:
         if r.pending_feats is None:
-            r.pending_feats, r.pending_rows = [], 0
+            r.pending_feats = []
         r.pending_feats.append(feats)
-        r.pending_rows += int(feats.shape[0])
 
     # -- prefill -----------------------------------------------------------------------------
     def _prefill(self, chunks: list[tuple[Request, int, int]],

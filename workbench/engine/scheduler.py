@@ -93,7 +93,6 @@ class Scheduler:
         req.sample_after_prefill = not has_output
         req.kv_len = req.draft_len = 0
         req.pending_feats = req.draft_logits = req.draft_hidden = None
-        req.pending_rows = 0
         req.status = Status.WAITING
         req.metrics.preemptions += 1
         self.waiting.appendleft(req)
@@ -105,5 +104,4 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         req.pending_feats = req.draft_logits = req.draft_hidden = None
-        req.pending_rows = 0
         req.status = Status.FINISHED

@@ -31,12 +31,11 @@ from workbench.models.llama import (
     RMSNorm,
     Rotary,
     apply_rope,
-    dense_linear_add,
-    onednn_linear,
-    onednn_linear_add,
-    pack,
+    apply_rope_rolled,
+    gemm_ops,
+    prepare_weight,
     resolve_gemm,
-    rope_sin_signed,
+    rolled_rope_tables,
 )
 
 
@@ -220,7 +219,9 @@ class Eagle3Draft(nn.Module):
         lay = self.midlayer
         a, mlp = lay.self_attn, lay.mlp
         self.gemm = resolve_gemm(gemm, self.fc.weight)
-        prep = pack if self.gemm == "onednn" else (lambda w: w.detach())
+        def prep(w: torch.Tensor) -> torch.Tensor:
+            return prepare_weight(w.detach(), self.gemm)
+
         with torch.no_grad():
             self._fast = {
                 "fc": prep(self.fc.weight),
@@ -235,7 +236,7 @@ class Eagle3Draft(nn.Module):
         """Engine path of :meth:`fuse_features` (fused weights when built)."""
         if self._fast is None:
             return self.fc(aux)
-        lin = onednn_linear if self.gemm == "onednn" else F.linear
+        lin, _ = gemm_ops(self.gemm)
         return lin(aux, self._fast["fc"], None)
 
     def _forward_fast(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -245,17 +246,13 @@ class Eagle3Draft(nn.Module):
         w, lay = self._fast, self.midlayer
         assert w is not None
         a = lay.self_attn
-        packed = self.gemm == "onednn"
-        lin = onednn_linear if packed else F.linear
-        lin_add = onednn_linear_add if packed else dense_linear_add
+        lin, lin_add = gemm_ops(self.gemm)
         eps, d = self.config.rms_norm_eps, (hidden.shape[-1],)
-        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
-        cos, sin = cos.unsqueeze(-2), rope_sin_signed(sin).unsqueeze(-2)
+        cos, sin = rolled_rope_tables(*self.rotary.cos_sin(positions, hidden.dtype))
         x = torch.cat([F.rms_norm(self.embed(tokens), d, lay.input_layernorm.weight, eps),
                        F.rms_norm(hidden, d, lay.hidden_norm.weight, eps)], dim=-1)
         qkv = lin(x, w["qkv"], None).unflatten(-1, (a.h + 2 * a.kv, a.hd))
-        qk = qkv[:, : a.h + a.kv]
-        qk = qk * cos + qk.roll(a.hd // 2, -1) * sin
+        qk = apply_rope_rolled(qkv[:, : a.h + a.kv], cos, sin)
         o = attn.run(layer, qk[:, : a.h], qk[:, a.h :], qkv[:, a.h + a.kv :])
         h = lin_add(o.flatten(-2), w["o"], hidden)
         g, u = lin(F.rms_norm(h, d, lay.post_attention_layernorm.weight, eps), w["gate_up"],

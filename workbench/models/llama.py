@@ -11,9 +11,9 @@ serves two callers:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -101,16 +101,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
 
 
-def rope_sin_signed(sin: torch.Tensor) -> torch.Tensor:
-    """sin with its first half negated, so ``x·cos + roll(x, hd/2)·sin_signed`` equals
-    :func:`apply_rope` exactly (same products, same sum) in 4 ops instead of 7."""
+def rolled_rope_tables(cos: torch.Tensor,
+                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Once per forward: (T, hd) cos/sin → (T, 1, hd) cos and sin with its first half negated,
+    for :func:`apply_rope_rolled`."""
     half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(-2), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(-2)
 
 
 def apply_rope_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """:func:`apply_rope` with a pre-signed sin (cos/sin: (T, hd) broadcast over heads)."""
-    return x * cos.unsqueeze(-2) + x.roll(x.shape[-1] // 2, -1) * sin_signed.unsqueeze(-2)
+    """:func:`apply_rope` in 4 ops instead of 7 — ``x·cos + roll(x, hd/2)·sin_signed``: the same
+    products and sum, so the same values. cos/sin_signed from :func:`rolled_rope_tables`."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -178,9 +180,9 @@ EXACT_M = 16
 M_BUCKET = 64
 
 
-def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(oneDNN-packed copy, the dense (out, in) weight) of a float32 weight."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT), w
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """oneDNN-packed copy of a (out, in) float32 weight (an opaque ``_mkldnn`` tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
 
 
 def row_bucket(m: int) -> int:
@@ -192,29 +194,44 @@ def row_bucket(m: int) -> int:
     return -(-m // M_BUCKET) * M_BUCKET
 
 
-def onednn_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
-                  b: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x (M, in) · packed wᵀ (+ b), rows padded to :func:`row_bucket`."""
     m = x.shape[0]
     mb = row_bucket(m)
     if mb == m:
-        return torch.ops.mkldnn._linear_pointwise(x, w[0], b, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
     xp = F.pad(x, (0, 0, 0, mb - m))
-    return torch.ops.mkldnn._linear_pointwise(xp, w[0], b, "none", [], "")[:m]
+    return torch.ops.mkldnn._linear_pointwise(xp, w, b, "none", [], "")[:m]
 
 
-def onednn_linear_add(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor],
-                      res: torch.Tensor) -> torch.Tensor:
+def onednn_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
     """res + x·wᵀ in one oneDNN call (post-op add)."""
     m = x.shape[0]
     mb = row_bucket(m)
     if mb == m:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, res, w[0], None, "add")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, res, w, None, "add")
     xp, rp = F.pad(x, (0, 0, 0, mb - m)), F.pad(res, (0, 0, 0, mb - m))
-    return torch.ops.mkldnn._linear_pointwise.binary(xp, rp, w[0], None, "add")[:m]
+    return torch.ops.mkldnn._linear_pointwise.binary(xp, rp, w, None, "add")[:m]
 
 
 def dense_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
     return torch.addmm(res, x, w.t())
+
+
+Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+LinearAdd = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def gemm_ops(gemm: str) -> tuple[Linear, LinearAdd]:
+    """(linear(x, w, b), linear_add(x, w, residual)) for fused weights prepared for ``gemm``."""
+    if gemm == "onednn":
+        return onednn_linear, onednn_linear_add
+    return F.linear, dense_linear_add
+
+
+def prepare_weight(w: torch.Tensor, gemm: str) -> torch.Tensor:
+    """The weight as ``gemm_ops(gemm)`` reads it: a packed copy (onednn) or ``w`` itself."""
+    return pack(w) if gemm == "onednn" else w
 
 
 class Attention(nn.Module):
@@ -311,15 +328,15 @@ class FastLayer:
     kv: int
     hd: int
     norm1: torch.Tensor
-    qkv: Any  # (Hq·hd + 2·Hkv·hd, D); onednn: (packed, dense) pairs throughout
+    qkv: torch.Tensor  # (Hq·hd + 2·Hkv·hd, D); onednn: packed copies throughout
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Any  # o_proj (D, H·hd)
+    o: torch.Tensor  # o_proj (D, H·hd)
     norm2: torch.Tensor
-    gate_up: Any  # (2·I, D)
+    gate_up: torch.Tensor  # (2·I, D)
     gate_up_bias: torch.Tensor | None
-    down: Any  # (D, I)
+    down: torch.Tensor  # (D, I)
     down_bias: torch.Tensor | None
 
     @classmethod
@@ -328,7 +345,9 @@ class FastLayer:
         update of the parameters is not seen: call ``fuse`` again); ``dense``: views."""
         a, mlp = layer.self_attn, layer.mlp
         assert a.fused is not None and mlp.fused is not None
-        prep = pack if gemm == "onednn" else (lambda w: w)
+        def prep(w: torch.Tensor) -> torch.Tensor:
+            return prepare_weight(w, gemm)
+
         return cls(a.h, a.kv, a.hd, layer.input_layernorm.weight, prep(a.fused[0]), a.fused[1],
                    a.q_norm.weight if a.q_norm is not None else None,
                    a.k_norm.weight if a.k_norm is not None else None,
@@ -348,7 +367,7 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._fast: list[FastLayer] | None = None  # set by fuse()
-        self._head: Any = None  # lm_head weight (dense, or (packed, dense))
+        self._head: torch.Tensor | None = None  # lm_head weight as gemm_ops reads it
         self.gemm = "dense"
 
     def fuse(self, gemm: str = "auto") -> None:
@@ -359,13 +378,14 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.gemm = resolve_gemm(gemm, self.lm_head.weight)
-        if self.config.tie_word_embeddings:
-            w = self.lm_head.weight.detach()  # the embedding keeps the row layout: copy
-            head = w.t().contiguous().t() if w.device.type == "cpu" else w
-        else:
-            fuse_linears([self.lm_head])
-            head = self.lm_head.weight
-        self._head = pack(head) if self.gemm == "onednn" else head
+        head = self.lm_head.weight
+        if self.gemm == "dense" and head.device.type == "cpu":
+            if self.config.tie_word_embeddings:  # the embedding keeps the row layout: copy
+                head = head.detach().t().contiguous().t()
+            else:
+                fuse_linears([self.lm_head])
+                head = self.lm_head.weight
+        self._head = prepare_weight(head, self.gemm)
         self._fast = [FastLayer.of(layer, self.gemm) for layer in self.model.layers]
 
     # -- engine path -----------------------------------------------------------------------
@@ -385,13 +405,10 @@ class LlamaForCausalLM(nn.Module):
         is a large share of a decode step, so every op counts here. GEMMs per ``self.gemm``."""
         if self._fast is None:
             self.fuse()
-        packed = self.gemm == "onednn"
-        lin = onednn_linear if packed else F.linear
-        lin_add = onednn_linear_add if packed else dense_linear_add
+        lin, lin_add = gemm_ops(self.gemm)
         m, eps = self.model, self.config.rms_norm_eps
         x = m.embed_tokens(tokens)
-        cos, sin = m.rotary_emb.cos_sin(positions, x.dtype)
-        cos, sin = cos.unsqueeze(-2), rope_sin_signed(sin).unsqueeze(-2)
+        cos, sin = rolled_rope_tables(*m.rotary_emb.cos_sin(positions, x.dtype))
         d = (x.shape[-1],)
         taps: dict[int, torch.Tensor] = {}
         for i, f in enumerate(self._fast):  # type: ignore[union-attr]
@@ -400,14 +417,12 @@ class LlamaForCausalLM(nn.Module):
             qkv = lin(F.rms_norm(x, d, f.norm1, eps), f.qkv, f.qkv_bias)
             qkv = qkv.unflatten(-1, (f.h + 2 * f.kv, f.hd))
             if f.q_norm is None:
-                qk = qkv[:, : f.h + f.kv]
-                qk = qk * cos + qk.roll(f.hd // 2, -1) * sin
+                qk = apply_rope_rolled(qkv[:, : f.h + f.kv], cos, sin)
                 q, k = qk[:, : f.h], qk[:, f.h :]
             else:  # Qwen3: per-head RMSNorm on q and k before RoPE
                 q = F.rms_norm(qkv[:, : f.h], (f.hd,), f.q_norm, eps)
                 k = F.rms_norm(qkv[:, f.h : f.h + f.kv], (f.hd,), f.k_norm, eps)
-                q = q * cos + q.roll(f.hd // 2, -1) * sin
-                k = k * cos + k.roll(f.hd // 2, -1) * sin
+                q, k = apply_rope_rolled(q, cos, sin), apply_rope_rolled(k, cos, sin)
             o = attn.run(i, q, k, qkv[:, f.h + f.kv :])  # (T, H, hd)
             x = lin_add(o.flatten(-2), f.o, x)
             g, u = lin(F.rms_norm(x, d, f.norm2, eps), f.gate_up, f.gate_up_bias).chunk(2, -1)
@@ -421,10 +436,9 @@ class LlamaForCausalLM(nn.Module):
         """hidden: (T, D) → logits (T, V) in float32."""
         if self._head is None:
             return self.lm_head(hidden).float()
-        if self.gemm == "onednn":
-            return onednn_linear(hidden.reshape(-1, hidden.shape[-1]), self._head,
-                                 None).view(*hidden.shape[:-1], -1)
-        return F.linear(hidden, self._head).float()
+        lin, _ = gemm_ops(self.gemm)
+        flat = lin(hidden.reshape(-1, hidden.shape[-1]), self._head, None)
+        return flat.view(*hidden.shape[:-1], -1).float()
 
     # -- dense path (training, oracles) ----------------------------------------------------
     def forward_dense(
