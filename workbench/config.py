@@ -128,6 +128,11 @@ class SpecConfig:
     # skips it and catches up when speculation returns, "auto" stays warm for the first
     # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold
     draft_state: Literal["warm", "cold", "auto"] = "warm"
+    # a cold draft keeps the target features of at most this many missed positions (the most
+    # recent): the catch-up when speculation returns extends over them only, and older missed
+    # positions become a hole the draft does not attend to (bounded switch-on cost and memory;
+    # acceptance only — outputs never depend on it). None: catch up over everything missed.
+    catchup_window: int | None = 32
     simulate_accept_length: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -151,6 +156,9 @@ class SpecConfig:
                               f"{k * (s - 1) + k + 1}")
         if self.draft_state not in ("warm", "cold", "auto"):
             raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold/auto")
+        w = self.catchup_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ConfigError(f"SpecConfig.catchup_window: must be an int >= 1 or None, got {w!r}")
         a = self.simulate_accept_length
         if a is not None and not 1.0 <= a <= s + 1:
             raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "

@@ -52,7 +52,9 @@ class Request:
 
     Decode invariant: kv_len == len(tokens) - 1 (the last token, the *root*, is not yet in
     the cache). Draft invariant: draft_len <= kv_len, and ``pending_feats`` holds the target
-    features of positions [draft_len, kv_len) the draft has not consumed yet.
+    features of positions [draft_len, kv_len) the draft has not consumed yet. ``draft_holes``
+    lists position ranges [s, e) below draft_len the draft skipped (a cold stretch longer than
+    ``SpecConfig.catchup_window``): they have no draft KV and the draft does not attend to them.
     """
 
     rid: int
@@ -68,6 +70,7 @@ class Request:
     # chunks of (m_i, 3·Dt), concatenated once at the next draft extend (a cold stretch appends
     # one chunk per step: no quadratic re-copying)
     pending_feats: list[torch.Tensor] | None = None
+    draft_holes: list[tuple[int, int]] = field(default_factory=list)
     draft_logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
     draft_hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1
     spec_capable: bool = False

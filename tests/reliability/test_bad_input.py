@@ -140,6 +140,10 @@ CASES: dict[str, Case] = {
                                       wb.ConfigError, "^SpecConfig.num_draft_tokens: 10 >"),
     "spec draft_state": api(lambda c: SC(draft_state="hot"),  # type: ignore[arg-type]
                             wb.ConfigError, "^SpecConfig.draft_state"),
+    "spec catchup_window": api(lambda c: SC(catchup_window=0), wb.ConfigError,
+                               "^SpecConfig.catchup_window"),
+    "spec catchup_window bool": api(lambda c: SC(catchup_window=True), wb.ConfigError,
+                                    "^SpecConfig.catchup_window"),
     "spec simulate_accept_length": api(lambda c: SC(simulate_accept_length=0.5), wb.ConfigError,
                                        "^SpecConfig.simulate_accept_length"),
     # -- EngineConfig and engine construction --------------------------------------------------

@@ -207,3 +207,65 @@ def test_auto_goes_cold_in_long_off_stretches(engine: wb.Engine,
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=OffStretches())
         assert run(engine, prompts(13, 1), spec, 4) == base, state
     assert calls["cold"] < calls["auto"] < calls["warm"], calls
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("batch", [4, 13])
+def test_catchup_window_holes_equal_baseline(engine: wb.Engine, window: int, batch: int,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold off stretches longer than ``catchup_window`` leave draft holes (positions the
+    draft never sees): speculation after them still equals the baseline, and the catch-up
+    extends over at most ``window`` positions per request."""
+    base = baseline(engine, 13, 1, batch)
+    holes: list[list[tuple[int, int]]] = []
+    widest: list[int] = [0]
+    real_slots, real_extend = engine._draft_slots, engine._draft_extend
+
+    def slots(r: Any, end: int) -> Any:
+        if r.draft_holes:
+            holes.append(list(r.draft_holes))
+        return real_slots(r, end)
+
+    def extend(reqs: Any) -> None:
+        # a request with holes was trimmed: its catch-up is at most the window (or, after a
+        # verify, the accepted path: at most S+1 = 4 positions)
+        widest[0] = max([widest[0]] + [r.kv_len - r.draft_len for r in reqs if r.draft_holes])
+        real_extend(reqs)
+
+    monkeypatch.setattr(engine, "_draft_slots", slots)
+    monkeypatch.setattr(engine, "_draft_extend", extend)
+    spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=window,
+                         policy=OffStretches())
+    assert run(engine, prompts(13, 1), spec, batch) == base
+    assert holes, "no off stretch outgrew the window"
+    assert all(s < e for hs in holes for s, e in hs)
+    assert all(hs[i][1] < hs[i + 1][0] for hs in holes for i in range(len(hs) - 1))
+    assert 0 < widest[0] <= max(window, SHAPE["num_steps"] + 1)
+
+
+def test_keep_feats_window_trims_into_holes() -> None:
+    """Trimming keeps the newest rows, moves draft_len past the dropped ones and merges
+    adjacent holes; pending always covers exactly [draft_len, kv_len)."""
+    import torch
+
+    from workbench.core import Request
+    from workbench.engine.engine import Engine
+
+    r = Request(rid=0, prompt_ids=[1], sampling=wb.SamplingParams())
+    r.draft_len = r.kv_len = 10
+    keep = Engine._keep_feats
+    for n in (1, 2, 1, 3):  # a chunk per step (sizes as prefill/commit would give)
+        keep(None, r, torch.full((n, 4), float(r.kv_len)), 3)  # type: ignore[arg-type]
+        r.kv_len += n
+        assert sum(f.shape[0] for f in r.pending_feats) == r.kv_len - r.draft_len <= 3
+    assert r.draft_holes == [(10, 14)]
+    assert torch.cat(r.pending_feats)[:, 0].tolist() == [14.0, 14.0, 14.0]
+    r.draft_len = r.kv_len  # an extend consumed them
+    r.pending_feats = None
+    for _ in range(5):
+        keep(None, r, torch.zeros(1, 4), 2)  # type: ignore[arg-type]
+        r.kv_len += 1
+    assert r.draft_holes == [(10, 14), (17, 20)]
+    keep(None, r, torch.zeros(4, 4), None)  # type: ignore[arg-type]  # no window: keeps all
+    r.kv_len += 4
+    assert sum(f.shape[0] for f in r.pending_feats) == 6

@@ -635,24 +635,58 @@ class Engine:
             toks.append(torch.tensor(r.tokens[s + 1 : e + 1]))
             pos.append(torch.arange(s, e))
             feats.extend(r.pending_feats)  # type: ignore[arg-type]
-            slots = self.pool.slots(r.blocks, 0, e)
-            write.append(slots[s:])
+            slots = self._draft_slots(r, e)
+            write.append(slots[slots.numel() - (e - s):])
             kv.append(slots)
             q_lens.append(e - s)
         self.draft_attn.plan(torch.cat(write), q_lens, kv)
         hidden = self.draft.features(torch.cat(feats))
-        logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn)
         ends = torch.tensor(q_lens).cumsum(0) - 1
+        # logits only where the next draft starts (a catch-up over m positions needs 1 row)
+        logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn,
+                                 logit_rows=ends)
         for i, r in enumerate(reqs):
-            r.draft_logits = logits[ends[i]]
+            r.draft_logits = logits[i]
             r.draft_hidden = out[ends[i]]
             r.draft_len = r.kv_len
             r.pending_feats = None
 
-    def _keep_feats(self, r: Request, feats: torch.Tensor) -> None:
+    def _draft_slots(self, r: Request, end: int) -> torch.Tensor:
+        """Draft-pool slots of positions [0, end) the draft holds (its holes left out)."""
+        assert self.pool is not None
+        slots = self.pool.slots(r.blocks, 0, end)
+        if not r.draft_holes:
+            return slots
+        keep = torch.ones(end, dtype=torch.bool)
+        for s, e in r.draft_holes:
+            keep[s:e] = False
+        return slots[keep]
+
+    def _keep_feats(self, r: Request, feats: torch.Tensor, window: int | None = None) -> None:
+        """Append the target features of the next position(s) for the draft. With ``window``
+        (a cold stretch: ``SpecConfig.catchup_window``) keep only the latest ``window`` rows;
+        the dropped positions become a draft hole and draft_len moves past them."""
         if r.pending_feats is None:
             r.pending_feats = []
         r.pending_feats.append(feats)
+        if window is None:
+            return
+        chunks = r.pending_feats
+        drop = sum(f.shape[0] for f in chunks) - window
+        if drop <= 0:
+            return
+        start = r.draft_len
+        while drop >= chunks[0].shape[0]:
+            drop -= chunks[0].shape[0]
+            r.draft_len += chunks.pop(0).shape[0]
+        if drop:
+            chunks[0] = chunks[0][drop:]
+            r.draft_len += drop
+        holes = r.draft_holes
+        if holes and holes[-1][1] == start:
+            holes[-1] = (holes[-1][0], r.draft_len)
+        else:
+            holes.append((start, r.draft_len))
 
     # -- prefill -----------------------------------------------------------------------------
     def _prefill(self, chunks: list[tuple[Request, int, int]],
@@ -716,19 +750,22 @@ class Engine:
         phases["decode"] = phases.get("decode", 0.0) + _ms(t)
         t = time.perf_counter()
         warm = []
+        extend = self._draft_warm()
+        # a cold draft keeps only the latest catchup_window features (bounded catch-up)
+        window = None if extend or self.spec is None else self.spec.catchup_window
         for i, r in enumerate(reqs):
             if self._bad_logits(r, logits[i : i + 1], outputs):
                 continue
             r.kv_len += 1
             r.metrics.plain_steps += 1
             if aux is not None and r.spec_capable:
-                self._keep_feats(r, aux[i : i + 1])
+                self._keep_feats(r, aux[i : i + 1], window)
                 warm.append(r)
             elif r.spec_capable:
                 r.spec_capable = False  # spec was switched off engine-wide: no features kept
             self._emit(r, [int(toks[i])], [False], outputs)
         phases["commit"] = phases.get("commit", 0.0) + _ms(t)
-        if warm and self._draft_warm():
+        if warm and extend:
             t = time.perf_counter()
             self._draft_extend([r for r in warm if not r.finished])
             phases["extend"] = phases.get("extend", 0.0) + _ms(t)
@@ -761,7 +798,7 @@ class Engine:
             self.draft, torch.stack([r.draft_logits for r in reqs]),  # type: ignore[misc]
             torch.stack([r.draft_hidden for r in reqs]),  # type: ignore[misc]
             torch.tensor([r.tokens[-1] for r in reqs]), root_pos,
-            [self.pool.slots(r.blocks, 0, r.draft_len) for r in reqs], self.pool.dk,
+            [self._draft_slots(r, r.draft_len) for r in reqs], self.pool.dk,
             self.pool.dv, d.num_steps, d.topk, n_nodes, on_step,
             self._score_temperatures(reqs))
         phases["draft"] = _ms(t)

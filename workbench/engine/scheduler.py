@@ -93,6 +93,7 @@ class Scheduler:
         req.sample_after_prefill = not has_output
         req.kv_len = req.draft_len = 0
         req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.draft_holes = []
         req.status = Status.WAITING
         req.metrics.preemptions += 1
         self.waiting.appendleft(req)
@@ -104,4 +105,5 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.draft_holes = []
         req.status = Status.FINISHED

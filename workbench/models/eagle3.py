@@ -240,7 +240,8 @@ class Eagle3Draft(nn.Module):
         return lin(aux, self._fast["fc"], None)
 
     def _forward_fast(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                      attn: AttentionBackend, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      attn: AttentionBackend, layer: int,
+                      logit_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` over the fused weights, one flat sequence of ops (no module calls)."""
         assert self.embed is not None, "draft embedding not set"
         w, lay = self._fast, self.midlayer
@@ -258,7 +259,8 @@ class Eagle3Draft(nn.Module):
         g, u = lin(F.rms_norm(h, d, lay.post_attention_layernorm.weight, eps), w["gate_up"],
                    None).chunk(2, -1)
         out = lin_add(F.silu(g) * u, w["down"], h)
-        logits = lin(F.rms_norm(out, d, self.norm.weight, eps), w["head"], None)
+        last = out if logit_rows is None else out.index_select(0, logit_rows)
+        logits = lin(F.rms_norm(last, d, self.norm.weight, eps), w["head"], None)
         return logits.float(), out
 
     def _qkv(self, tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
@@ -278,15 +280,18 @@ class Eagle3Draft(nn.Module):
         return h + lay.mlp(lay.post_attention_layernorm(h))
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                attn: AttentionBackend, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                attn: AttentionBackend, layer: int = 0,
+                logit_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Ragged engine path. tokens (T,), hidden (T, D) (already fused), positions (T,) →
-        (draft logits (T, Vd) float32, pre-norm hidden (T, D))."""
+        (draft logits (T, Vd) float32 — only rows ``logit_rows`` (R,) when given: (R, Vd) —,
+        pre-norm hidden (T, D))."""
         if self._fast is not None:
-            return self._forward_fast(tokens, hidden, positions, attn, layer)
+            return self._forward_fast(tokens, hidden, positions, attn, layer, logit_rows)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         q, k, v = self._qkv(tokens, hidden, cos, sin)
         out = self._finish(hidden, attn.run(layer, q, k, v))
-        return self.lm_head(self.norm(out)).float(), out
+        last = out if logit_rows is None else out.index_select(0, logit_rows)
+        return self.lm_head(self.norm(last)).float(), out
 
     def forward_dense(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                       mask: torch.Tensor, k_prev: torch.Tensor | None = None,
