@@ -114,8 +114,10 @@ def test_metrics_semantics(engine: wb.Engine) -> None:
     m = out.metrics
     assert m.verify_ct == len(m.accept_lengths) > 0
     assert all(1 <= a <= 6 for a in m.accept_lengths)
-    # every verify step emits τ tokens; the first token comes from prefill
-    assert 1 + sum(m.accept_lengths) >= len(out.token_ids)
+    # every verify step emits τ tokens; the first token comes from prefill; a request with one
+    # token left decodes it plainly (a draft cannot help), so at most one plain step
+    assert m.plain_steps <= 1
+    assert 1 + sum(m.accept_lengths) + m.plain_steps >= len(out.token_ids)
     assert sum(out.from_draft) == sum(a - 1 for a in m.accept_lengths[: len(m.accept_lengths)]) \
         or len(out.token_ids) == sp.max_new_tokens
 

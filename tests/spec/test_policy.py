@@ -345,7 +345,11 @@ def test_concurrency_bench_smoke(engine: wb.Engine, tmp_path: Path) -> None:
                 "itl_p50_ms", "itl_p99_ms", "tau", "spec_share", "k0_tax", "vs_baseline"):
         assert col in df
     s = summarize(df).set_index(["arm", "concurrency"])
-    assert s.loc[("eagle3", 1), "spec_share"] == 1.0
+    # at concurrency 1 every decode step speculates except each request's last token, which a
+    # draft cannot speed up (it decodes plainly)
+    e1 = df[(df["arm"] == "eagle3") & (df["concurrency"] == 1)].iloc[0]
+    plain_steps = round(e1["decode_steps"] * (1 - e1["spec_share"]))
+    assert 0 < plain_steps <= e1["requests"]
     assert s.loc[("never", 3), "spec_share"] == 0.0
     assert 0.0 < s.loc[("flip_cold", 3), "spec_share"] < 1.0
     assert not math.isnan(s.loc[("never", 1), "k0_tax"])
@@ -449,3 +453,27 @@ def test_cli_concurrency_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert "table c=16" in capsys.readouterr().out
     saved = json.loads((tmp_path / "res" / "concurrency_http.json").read_text())
     assert [r["concurrency"] for r in saved["rows"]] == [1, 4, 16] and "machine" in saved
+
+
+def test_last_token_decodes_plainly_and_policy_is_told(engine: wb.Engine) -> None:
+    """A request with one token left cannot gain from a draft: it decodes plainly even when
+    the policy says speculate, and the policy observes a plain decision for that step (its
+    cost model must not learn a plain step's time as a speculative one)."""
+    seen: list[tuple[bool, str, int]] = []
+
+    class Recorder:
+        def decide(self, ctx: Any) -> Decision:
+            return Decision(True, num_steps=2, topk=2, num_draft_tokens=4, reason="on")
+
+        def observe(self, d: Decision, ms: float, accepted: list[int]) -> None:
+            seen.append((d.speculate, d.reason, len(accepted)))
+
+    spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=Recorder())
+    sp = wb.SamplingParams(max_new_tokens=4, ignore_eos=True)
+    out = engine.generate([[5, 6, 7, 8, 9]], sp, spec=spec)[0]
+    assert len(out.token_ids) == 4
+    # random head: every verify accepts nothing, so steps emit 1 token: prefill gives token 1,
+    # two verifies tokens 2-3, and the last token is a plain step the policy hears as plain
+    assert seen[:-1] == [(True, "on", 1)] * (len(seen) - 1) and len(seen) == 3
+    assert seen[-1] == (False, "on; ran plain", 0)
+    assert out.metrics.plain_steps == 1

@@ -526,7 +526,9 @@ class Engine:
         mode = "prefill" if sched.prefill else "idle"
         if decode:
             decision = self._decide(decode)
-            spec_reqs = [r for r in decode if r.spec_capable] if decision.speculate else []
+            # a request with one token left gains nothing from a draft: it decodes plainly
+            spec_reqs = [r for r in decode if r.spec_capable and self._room(r) > 1] \
+                if decision.speculate else []
             # phases are contiguous: "schedule" runs from the step's start to the decode work
             # (scheduling + policy decision); prefill is timed on its own
             phases["schedule"] = _ms(t_start) - phases.get("prefill", 0.0)
@@ -544,12 +546,22 @@ class Engine:
             self._plain_streak = 0 if spec_reqs else self._plain_streak + 1
             self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
             if self.spec is not None:
+                if decision.speculate and mode != "spec":  # nobody could speculate: say so
+                    decision = Decision(False, reason=f"{decision.reason}; ran plain")
+                # the policy learns the step's own cost: prefill and a cold draft's one-off
+                # catch-up (bounded by catchup_window; in the trace's draft_ms) are left out
                 self.spec.policy.observe(  # type: ignore[union-attr]
-                    decision, total - phases.get("prefill", 0.0), accepted)
+                    decision, total - phases.get("prefill", 0.0) - phases.get("catchup", 0.0),
+                    accepted)
             if self.trace.enabled:
                 self._emit_step(decision, len(decode), mode, phases, total)
         elif sched.prefill:
             self.stats.steps["prefill"] += 1
+
+    def _room(self, r: Request) -> int:
+        """How many more tokens ``r`` may emit (max_new_tokens, context length)."""
+        return min(r.sampling.max_new_tokens - (len(r.tokens) - len(r.prompt_ids)),
+                   self.max_model_len - len(r.tokens))
 
     def _draft_warm(self) -> bool:
         """Does a plain step extend the draft now? (``SpecConfig.draft_state``)"""
@@ -784,7 +796,9 @@ class Engine:
             phases["draft"] = _ms(t)
             return [], []
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
+        tc = time.perf_counter()
         self._draft_extend(reqs)
+        phases["catchup"] = _ms(tc)
         reqs = [r for r in reqs if r.spec_capable and r.draft_logits is not None]
         if not reqs:
             phases["draft"] = _ms(t)
