@@ -160,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1,
                    help="concurrency/threshold: run every (level, arm) cell this many times, "
                         "arm order rotated per repeat (means reported)")
+    b.add_argument("--levels", default=None, metavar="C1,C2,...",
+                   help="concurrency/threshold: concurrency levels (default 1,2,4,8,16,32,64)")
+    b.add_argument("--sequential", action="store_true",
+                   help="concurrency: run a cell's arms back to back on one engine instead of "
+                        "interleaved step by step, one engine per arm (the default)")
     b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
                    help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
                         "num_draft_tokens (root included; chain: S,1,S+1)")

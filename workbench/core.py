@@ -70,6 +70,7 @@ class Request:
     # chunks of (m_i, 3·Dt), concatenated once at the next draft extend (a cold stretch appends
     # one chunk per step: no quadratic re-copying)
     pending_feats: list[torch.Tensor] | None = None
+    pending_rows: int = 0  # rows in pending_feats (kept, not summed: it is read every step)
     draft_holes: list[tuple[int, int]] = field(default_factory=list)
     draft_logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
     draft_hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1

@@ -477,3 +477,41 @@ def test_last_token_decodes_plainly_and_policy_is_told(engine: wb.Engine) -> Non
     assert seen[:-1] == [(True, "on", 1)] * (len(seen) - 1) and len(seen) == 3
     assert seen[-1] == (False, "on; ran plain", 0)
     assert out.metrics.plain_steps == 1
+
+
+def test_concurrency_bench_interleaved(engine: wb.Engine, micro_target: Path,
+                                       random_head: Path) -> None:
+    """engines=: the arms of a cell advance one step each in turn, each on its own engine and
+    timed on its own clock (its share of the wall time), outputs still compared token for
+    token; latencies are measured on the same own clock."""
+    import time
+
+    rng = random.Random(1)
+    prompts = [[rng.randrange(1, 299) for _ in range(rng.randrange(3, 20))] for _ in range(5)]
+    spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    arms = {"baseline": None, "eagle3": spec,
+            "never": wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=Never())}
+    with pytest.raises(ValueError, match=r"no engine for arms \['never'\]"):
+        run_concurrency(engine, prompts, levels=(2,), arms=arms, max_new_tokens=4,
+                        progress=False, engines={"baseline": engine, "eagle3": engine})
+    engines = {a: wb.Engine.from_pretrained(micro_target, draft=random_head,
+                                            config=wb.EngineConfig(kv_budget_tokens=4096))
+               for a in arms}
+    try:
+        t0 = time.perf_counter()
+        df = run_concurrency(engine, prompts, levels=(1, 3), arms=arms, max_new_tokens=6,
+                             progress=False, engines=engines, warmup=False)
+        wall = time.perf_counter() - t0
+    finally:
+        for e in engines.values():
+            e.close()
+    assert df.attrs["config"]["interleaved"] is True
+    assert len(df) == 6 and df["lossless"].all()
+    # every arm ran (its tokens, its engine) and own clocks add up to less than the wall time
+    assert (df["tokens"] == df["requests"] * 6).all()
+    assert df.groupby("concurrency")["seconds"].sum().sum() < wall
+    for col in ("ttft_p50_ms", "tpot_p50_ms", "itl_p50_ms"):
+        assert (df[col] > 0).all()
+    # a request's TTFT on its arm's own clock fits in that arm's own time
+    assert (df["ttft_p99_ms"] < 1e3 * df["seconds"]).all()
+    assert engine.kv_usage()["used_blocks"] == 0

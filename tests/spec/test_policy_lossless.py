@@ -257,11 +257,12 @@ def test_keep_feats_window_trims_into_holes() -> None:
     for n in (1, 2, 1, 3):  # a chunk per step (sizes as prefill/commit would give)
         keep(None, r, torch.full((n, 4), float(r.kv_len)), 3)  # type: ignore[arg-type]
         r.kv_len += n
-        assert sum(f.shape[0] for f in r.pending_feats) == r.kv_len - r.draft_len <= 3
+        assert sum(f.shape[0] for f in r.pending_feats) == r.pending_rows == \
+            r.kv_len - r.draft_len <= 3
     assert r.draft_holes == [(10, 14)]
     assert torch.cat(r.pending_feats)[:, 0].tolist() == [14.0, 14.0, 14.0]
     r.draft_len = r.kv_len  # an extend consumed them
-    r.pending_feats = None
+    r.pending_feats, r.pending_rows = None, 0
     for _ in range(5):
         keep(None, r, torch.zeros(1, 4), 2)  # type: ignore[arg-type]
         r.kv_len += 1

@@ -13,6 +13,7 @@ Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-pro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ def _prompts(ns: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64) -> Any:
+def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
+            kv_budget_tokens: int | None = None) -> Any:
     import workbench as wb
 
     target = Path(ns.model)
@@ -53,6 +55,8 @@ def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64) -> An
         print(f"note: no draft at {draft}; running the baseline only")
         draft = None
     cfg = wb.EngineConfig(max_batch_size=max(64, max_batch))
+    if kv_budget_tokens is not None:
+        cfg = dataclasses.replace(cfg, kv_budget_tokens=kv_budget_tokens)
     return wb.Engine.from_pretrained(target, draft=draft, config=cfg)
 
 
@@ -86,7 +90,16 @@ def _show(title: str, df: pd.DataFrame) -> None:
 def _levels(ns: argparse.Namespace) -> tuple[int, ...]:
     from workbench.bench.concurrency import LEVELS
 
-    return QUICK_LEVELS if ns.quick else LEVELS
+    raw = getattr(ns, "levels", None)
+    if raw is None:
+        return QUICK_LEVELS if ns.quick else LEVELS
+    try:
+        levels = tuple(int(x) for x in str(raw).split(","))
+    except ValueError:
+        raise ConfigError(f"--levels: expected comma-separated integers, got {raw!r}") from None
+    if not levels or min(levels) < 1:
+        raise ConfigError(f"--levels: concurrency levels must be >= 1, got {raw!r}")
+    return levels
 
 
 def _max_new(ns: argparse.Namespace) -> int:
@@ -147,7 +160,29 @@ def bench_peers(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _arm_engines(ns: argparse.Namespace, engine: Any, arms: dict[str, Any],
+                 prompts: list[str], levels: tuple[int, ...]) -> dict[str, Any]:
+    """One engine per arm (interleaved sweep), unless ``--sequential``. Every arm is then timed
+    on the same stretch of the machine's life; the pools are sized for the sweep, since up to
+    seven engines share the memory."""
+    if getattr(ns, "sequential", False) or len(arms) < 2:
+        return {}
+    longest = max(len(engine.tokenize(p)) for p in prompts)
+    need = max(levels) * (longest + _max_new(ns) + 2 * engine.config.page_size + 64)
+    engines: dict[str, Any] = {}
+    try:
+        for a in arms:
+            engines[a] = _engine(ns, need_draft=engine.draft is not None, max_batch=max(levels),
+                                 kv_budget_tokens=need)
+    except BaseException:
+        for e in engines.values():
+            e.close()
+        raise
+    return engines
+
+
 def bench_concurrency(ns: argparse.Namespace) -> int:
+    _levels(ns)  # flag errors first, whichever path
     if ns.url:
         return bench_http(ns)
     from workbench.bench.concurrency import (
@@ -158,17 +193,21 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
         switch_costs,
     )
 
+    levels = _levels(ns)
     shape = _spec(ns)
     prompts = _prompts(ns)
-    levels = _levels(ns)
     engine = _engine(ns, need_draft=False, max_batch=max(levels))
+    engines: dict[str, Any] = {}
     try:
         arms = default_arms(engine, spec=shape, flips=True)
+        engines = _arm_engines(ns, engine, arms, prompts, levels)
         df = run_concurrency(engine, prompts, levels=levels, arms=arms,
                              max_new_tokens=_max_new(ns), out=ns.out,
-                             repeats=_repeats(ns))
+                             repeats=_repeats(ns), engines=engines or None)
     finally:
         engine.close()
+        for e in engines.values():
+            e.close()
     cols = ["arm", "concurrency", "tok_s", "vs_baseline", "ttft_p50_ms", "ttft_p99_ms",
             "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tau", "spec_share",
             "lossless"]
@@ -222,17 +261,21 @@ def bench_http(ns: argparse.Namespace) -> int:
 def bench_threshold(ns: argparse.Namespace) -> int:
     from workbench.bench.concurrency import find_threshold, run_concurrency
 
+    levels = _levels(ns)
     shape = _spec(ns)
     prompts = _prompts(ns)
-    levels = _levels(ns)
     engine = _engine(ns, need_draft=True, max_batch=max(levels))
+    engines: dict[str, Any] = {}
     try:
-        df = run_concurrency(engine, prompts, levels=levels,
-                             arms={"baseline": None, "eagle3": shape},
+        arms = {"baseline": None, "eagle3": shape}
+        engines = _arm_engines(ns, engine, arms, prompts, levels)
+        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
                              max_new_tokens=_max_new(ns), out=ns.out, name="threshold",
-                             repeats=_repeats(ns))
+                             repeats=_repeats(ns), engines=engines or None)
     finally:
         engine.close()
+        for e in engines.values():
+            e.close()
     th = find_threshold(df)
     _show("baseline vs eagle3 output tok/s by concurrency", th.table)
     where = "never (eagle3 wins at every level)" if th.crossover is None else \

@@ -23,8 +23,10 @@ Steps that also ran a prefill chunk are excluded from the per-step times (not fr
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -103,80 +105,150 @@ def _pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
+class _Loop:
+    """One arm's closed loop: keep ``concurrency`` requests in flight until ``num_requests``
+    have finished, one :meth:`advance` (admit + ``engine.step()``) at a time.
+
+    The loop keeps its own clock: the time spent inside its own advances. Run alone, that is
+    the wall time; interleaved with other arms' loops (each on its own engine), every arm is
+    timed on the same stretch of the machine's life, so slow drift cancels between arms.
+    Latencies (TTFT, TPOT, ITL) are measured on the same own clock: every timestamp the engine
+    records for this arm's requests falls inside one of its advances.
+    """
+
+    def __init__(self, engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None,
+                 concurrency: int, num_requests: int, sp: SamplingParams) -> None:
+        self.rec = None
+        if spec is not None:
+            reset = getattr(spec.policy, "reset", None)
+            if callable(reset):
+                reset()  # every cell starts from the same policy state
+            self.rec = StepRecorder(spec.policy)
+            spec = dataclasses.replace(spec, policy=self.rec)
+        self.engine, self.prompts, self.sp = engine, prompts, sp
+        self.concurrency, self.num_requests = concurrency, num_requests
+        st = engine.stats
+        self.steps0 = dict(st.steps)
+        self.acc0 = len(st.accept_lengths)
+        self.previous = engine.spec
+        engine.set_spec(spec)
+        self.live: dict[int, int] = {}  # rid → prompt index
+        self.outputs: dict[int, list[int]] = {}
+        self.metrics: list[Any] = []
+        self.prefill_steps: set[int] = set()  # recorder rows of steps that ran a prefill chunk
+        self.steady: list[float] = []  # ms of steps at the full batch with no prefill chunk
+        self.tokens = 0
+        self.nxt = 0
+        self.busy = 0.0  # own clock: seconds spent in advance()
+        self.spans: list[tuple[float, float]] = []  # (wall start, own clock then) per advance
+        self.closed = False
+
+    @property
+    def done(self) -> bool:
+        return self.nxt >= self.num_requests and not self.live
+
+    def advance(self) -> None:
+        e, rec = self.engine, self.rec
+        t0 = time.perf_counter()
+        self.spans.append((t0, self.busy))
+        while self.nxt < self.num_requests and len(self.live) < self.concurrency:
+            i = self.nxt % len(self.prompts)
+            self.live[e.add_request(self.prompts[i], self.sp)] = i
+            self.nxt += 1
+        prefilling = any(e.requests[r].in_prefill for r in self.live)
+        n_rows = len(rec.rows) if rec is not None else 0
+        ts = time.perf_counter()
+        outs = e.step()
+        if not prefilling and len(self.live) == self.concurrency:
+            self.steady.append(1e3 * (time.perf_counter() - ts))
+        if prefilling and rec is not None and len(rec.rows) > n_rows:
+            self.prefill_steps.add(len(rec.rows) - 1)
+        for o in outs:
+            if o.finished and o.rid in self.live:
+                i = self.live.pop(o.rid)
+                out = e.output(o.rid)
+                self.outputs.setdefault(i, out.token_ids)
+                self.tokens += len(out.token_ids)
+                self.metrics.append(out.metrics)
+        self.busy += time.perf_counter() - t0
+
+    def own(self, t: float) -> float:
+        """A wall-clock timestamp taken during one of this loop's advances → own clock."""
+        i = bisect.bisect_right(self.spans, (t, math.inf)) - 1
+        wall, own = self.spans[max(i, 0)]
+        return own + (t - wall)
+
+    def close(self) -> None:
+        """Abort what is still in flight and restore the engine's spec (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for rid in self.live:
+            self.engine.abort(rid)
+        self.engine.set_spec(self.previous)
+
+    def result(self) -> _Run:
+        self.close()
+        st, own = self.engine.stats, self.own
+        seconds = self.busy
+        ttft, tpot, itl = [], [], []
+        for m in self.metrics:
+            if m.first_token is not None:
+                ttft.append(1e3 * (own(m.first_token) - own(m.arrival)))
+            tt = [own(t) for t in m.token_times]
+            if len(tt) > 1 and m.first_token is not None:
+                tpot.append(1e3 * (tt[-1] - own(m.first_token)) / (len(tt) - 1))
+                # ITL between emissions: tokens of one verify step share a timestamp (a chunk)
+                gaps = np.diff(np.asarray(tt))
+                itl.extend((1e3 * gaps[gaps > 0]).tolist())
+        steps = {k: st.steps.get(k, 0) - self.steps0.get(k, 0) for k in ("plain", "spec")}
+        accepts = st.accept_lengths[self.acc0:]
+        row: dict[str, Any] = {
+            "concurrency": self.concurrency, "requests": len(self.metrics),
+            "tokens": self.tokens, "seconds": seconds,
+            "tok_s": self.tokens / seconds if seconds > 0 else float("nan"),
+            "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+            "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
+            "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
+            "tau": float(np.mean(accepts)) if accepts else 1.0,
+            "spec_share": steps["spec"] / max(1, steps["spec"] + steps["plain"]),
+            "decode_steps": steps["spec"] + steps["plain"],
+            # median ms of a step at the full batch without prefill work: the per-step cost of
+            # an arm (robust to ramp-up, drain and prefill, unlike tok/s over the whole run)
+            "steady_step_ms": float(np.median(self.steady)) if self.steady else float("nan"),
+        }
+        row.update(_step_times(self.rec, self.prefill_steps))
+        return _Run(self.outputs, row)
+
+
 def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None,
                  concurrency: int, num_requests: int, sp: SamplingParams) -> _Run:
-    """Keep ``concurrency`` requests in flight until ``num_requests`` have finished."""
-    rec = None
-    if spec is not None:
-        reset = getattr(spec.policy, "reset", None)
-        if callable(reset):
-            reset()  # every cell starts from the same policy state
-        rec = StepRecorder(spec.policy)
-        spec = dataclasses.replace(spec, policy=rec)
-    st = engine.stats
-    steps0 = dict(st.steps)
-    acc0 = len(st.accept_lengths)
-    previous = engine.spec
-    engine.set_spec(spec)
-    live: dict[int, int] = {}  # rid → prompt index
-    outputs: dict[int, list[int]] = {}
-    metrics = []
-    prefill_steps: set[int] = set()  # recorder row indices of steps that ran a prefill chunk
-    steady: list[float] = []  # ms of steps with a full decode batch and no prefill chunk
-    tokens = 0
-    t0 = time.perf_counter()
+    """One arm alone: keep ``concurrency`` requests in flight until ``num_requests`` finish."""
+    loop = _Loop(engine, prompts, spec, concurrency, num_requests, sp)
     try:
-        nxt = 0
-        while nxt < num_requests or live:
-            while nxt < num_requests and len(live) < concurrency:
-                live[engine.add_request(prompts[nxt % len(prompts)], sp)] = nxt % len(prompts)
-                nxt += 1
-            prefilling = any(engine.requests[r].in_prefill for r in live)
-            n_rows = len(rec.rows) if rec is not None else 0
-            ts = time.perf_counter()
-            outs = engine.step()
-            if not prefilling and len(live) == concurrency:
-                steady.append(1e3 * (time.perf_counter() - ts))
-            if prefilling and rec is not None and len(rec.rows) > n_rows:
-                prefill_steps.add(len(rec.rows) - 1)
-            for o in outs:
-                if o.finished and o.rid in live:
-                    i = live.pop(o.rid)
-                    out = engine.output(o.rid)
-                    outputs.setdefault(i, out.token_ids)
-                    tokens += len(out.token_ids)
-                    metrics.append(out.metrics)
-        seconds = time.perf_counter() - t0
+        while not loop.done:
+            loop.advance()
     finally:
-        for rid in live:
-            engine.abort(rid)
-        engine.set_spec(previous)
-    ttft = [1e3 * m.ttft for m in metrics if m.ttft is not None]
-    tpot, itl = [], []
-    for m in metrics:
-        tt = m.token_times
-        if len(tt) > 1 and m.first_token is not None:
-            tpot.append(1e3 * (tt[-1] - m.first_token) / (len(tt) - 1))
-            # ITL between emissions: tokens of one verify step share a timestamp (one chunk).
-            gaps = np.diff(np.asarray(tt))
-            itl.extend((1e3 * gaps[gaps > 0]).tolist())
-    steps = {k: st.steps.get(k, 0) - steps0.get(k, 0) for k in ("plain", "spec")}
-    accepts = st.accept_lengths[acc0:]
-    row: dict[str, Any] = {
-        "concurrency": concurrency, "requests": len(metrics), "tokens": tokens,
-        "seconds": seconds, "tok_s": tokens / seconds if seconds > 0 else float("nan"),
-        "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-        "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
-        "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
-        "tau": float(np.mean(accepts)) if accepts else 1.0,
-        "spec_share": steps["spec"] / max(1, steps["spec"] + steps["plain"]),
-        "decode_steps": steps["spec"] + steps["plain"],
-        # median ms of a step at the full batch without prefill work: the per-step cost of an arm
-        # (robust to ramp-up, drain and prefill, unlike tok/s over the whole run)
-        "steady_step_ms": float(np.median(steady)) if steady else float("nan"),
-    }
-    row.update(_step_times(rec, prefill_steps))
-    return _Run(outputs, row)
+        loop.close()
+    return loop.result()
+
+
+def _interleaved(engines: Mapping[str, Any], prompts: Sequence[Prompt],
+                 arms: Mapping[str, SpecConfig | None], order: Sequence[str], concurrency: int,
+                 num_requests: int, sp: SamplingParams) -> dict[str, _Run]:
+    """Every arm on its own engine, advanced one step each in round robin until all finish."""
+    loops: dict[str, _Loop] = {}
+    try:
+        for a in order:
+            loops[a] = _Loop(engines[a], prompts, arms[a], concurrency, num_requests, sp)
+        while not all(lp.done for lp in loops.values()):
+            for lp in loops.values():
+                if not lp.done:
+                    lp.advance()
+    finally:
+        for lp in loops.values():
+            lp.close()
+    return {a: lp.result() for a, lp in loops.items()}
 
 
 def _step_times(rec: StepRecorder | None, skip: set[int]) -> dict[str, float]:
@@ -205,22 +277,33 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
                     arms: Mapping[str, SpecConfig | None] | None = None,
                     max_new_tokens: int = 64, requests_per_level: int | None = None,
                     repeats: int = 1, warmup: bool = True, out: str | Path | None = None,
-                    name: str = "concurrency", progress: bool = True) -> pd.DataFrame:
+                    name: str = "concurrency", progress: bool = True,
+                    engines: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """Closed-loop sweep; one row per (arm, concurrency, repeat). Greedy, ``ignore_eos``.
 
     ``arms`` default to :func:`default_arms`; put ``baseline`` (spec None) first so the others
     can be compared with it token for token (column ``lossless``). ``requests_per_level``
     defaults to max(2·c, len(prompts)). With ``out`` the table is saved there (CSV + JSON with
     machine info); ``df.attrs`` holds machine info and the saved path.
+
+    ``engines`` (arm → its own engine, same models): the arms of a cell run *interleaved* —
+    one step of each in turn — and each is timed on its own clock (see :class:`_Loop`), so
+    every arm sees the same machine state and drift cancels from the ratios. Without it the
+    arms of a cell run back to back on ``engine`` (order rotated per repeat).
     """
     if not prompts:
         raise ValueError("run_concurrency: no prompts")
     arms = dict(arms) if arms is not None else default_arms(engine)
+    if engines is not None:
+        missing = [a for a in arms if a not in engines]
+        if missing:
+            raise ValueError(f"run_concurrency: engines: no engine for arms {missing}")
+    eng = {a: (engines[a] if engines is not None else engine) for a in arms}
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     if warmup:  # allocator, rotary tables, first-call overheads
         wsp = SamplingParams(max_new_tokens=min(8, max_new_tokens), ignore_eos=True)
-        for spec in arms.values():
-            _closed_loop(engine, prompts[:1], spec, 1, 1, wsp)
+        for a, spec in arms.items():
+            _closed_loop(eng[a], prompts[:1], spec, 1, 1, wsp)
     names = list(arms)
     rows = []
     cells = [(c, r) for c in levels for r in range(repeats)]
@@ -232,15 +315,24 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
         if "baseline" in order:  # the reference outputs come first
             order = ["baseline"] + [a for a in order if a != "baseline"]
         ref: dict[int, list[int]] | None = None
+        if engines is not None:
+            bar.set_postfix_str(f"c={c} interleaved")
+            runs = _interleaved(eng, prompts, arms, order, c, n_req, sp)
+        else:
+            runs = {}
+            for arm in order:
+                bar.set_postfix_str(f"c={c} {arm}")
+                runs[arm] = _closed_loop(engine, prompts, arms[arm], c, n_req, sp)
+                bar.update(1)
         for arm in order:
-            bar.set_postfix_str(f"c={c} {arm}")
-            run = _closed_loop(engine, prompts, arms[arm], c, n_req, sp)
+            run = runs[arm]
             if arm == "baseline":
                 ref = run.outputs
             same = None if ref is None else all(
                 ref.get(i, ids) == ids for i, ids in run.outputs.items())
             rows.append({"arm": arm, "repeat": r, **run.row, "lossless": same})
-            bar.update(1)
+        if engines is not None:
+            bar.update(len(order))
     bar.close()
     df = pd.DataFrame(rows)
     df = _add_ratios(df)
@@ -248,6 +340,7 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
     df.attrs["config"] = {"levels": list(levels), "max_new_tokens": max_new_tokens,
                           "prompts": len(prompts), "repeats": repeats,
                           "requests_per_level": requests_per_level,
+                          "interleaved": engines is not None,
                           "arms": {k: repr(v) for k, v in arms.items()}}
     if out is not None:
         df.attrs["saved"] = str(save_results(df, out, name))

@@ -631,8 +631,7 @@ class Engine:
         for r in reqs:
             if r.draft_len == r.kv_len:
                 continue
-            if r.pending_feats is None or \
-                    sum(f.shape[0] for f in r.pending_feats) != r.kv_len - r.draft_len:
+            if r.pending_feats is None or r.pending_rows != r.kv_len - r.draft_len:
                 r.spec_capable = False  # features were not kept (spec toggled off): plain only
                 continue
             todo.append(r)
@@ -662,6 +661,7 @@ class Engine:
             r.draft_hidden = out[ends[i]]
             r.draft_len = r.kv_len
             r.pending_feats = None
+            r.pending_rows = 0
 
     def _draft_slots(self, r: Request, end: int) -> torch.Tensor:
         """Draft-pool slots of positions [0, end) the draft holds (its holes left out)."""
@@ -681,19 +681,17 @@ class Engine:
         if r.pending_feats is None:
             r.pending_feats = []
         r.pending_feats.append(feats)
-        if window is None:
+        r.pending_rows += feats.shape[0]
+        if window is None or r.pending_rows <= window:
             return
-        chunks = r.pending_feats
-        drop = sum(f.shape[0] for f in chunks) - window
-        if drop <= 0:
-            return
+        chunks, drop = r.pending_feats, r.pending_rows - window
         start = r.draft_len
+        r.draft_len += drop
+        r.pending_rows = window
         while drop >= chunks[0].shape[0]:
-            drop -= chunks[0].shape[0]
-            r.draft_len += chunks.pop(0).shape[0]
+            drop -= chunks.pop(0).shape[0]
         if drop:
             chunks[0] = chunks[0][drop:]
-            r.draft_len += drop
         holes = r.draft_holes
         if holes and holes[-1][1] == start:
             holes[-1] = (holes[-1][0], r.draft_len)

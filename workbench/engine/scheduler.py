@@ -93,6 +93,7 @@ class Scheduler:
         req.sample_after_prefill = not has_output
         req.kv_len = req.draft_len = 0
         req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.pending_rows = 0
         req.draft_holes = []
         req.status = Status.WAITING
         req.metrics.preemptions += 1
@@ -105,5 +106,6 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         req.pending_feats = req.draft_logits = req.draft_hidden = None
+        req.pending_rows = 0
         req.draft_holes = []
         req.status = Status.FINISHED
