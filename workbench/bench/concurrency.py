@@ -27,6 +27,7 @@ import bisect
 import dataclasses
 import json
 import math
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -236,15 +237,20 @@ def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None
 def _interleaved(engines: Mapping[str, Any], prompts: Sequence[Prompt],
                  arms: Mapping[str, SpecConfig | None], order: Sequence[str], concurrency: int,
                  num_requests: int, sp: SamplingParams) -> dict[str, _Run]:
-    """Every arm on its own engine, advanced one step each in round robin until all finish."""
+    """Every arm on its own engine, advanced one step each per round until all finish. The
+    order within a round is shuffled (seeded): an arm's step finds the caches as the step
+    before it left them, so no arm may always follow the same one."""
     loops: dict[str, _Loop] = {}
+    rng = random.Random(concurrency)
     try:
         for a in order:
             loops[a] = _Loop(engines[a], prompts, arms[a], concurrency, num_requests, sp)
-        while not all(lp.done for lp in loops.values()):
-            for lp in loops.values():
-                if not lp.done:
-                    lp.advance()
+        live = list(loops.values())
+        while live:
+            rng.shuffle(live)
+            for lp in live:
+                lp.advance()
+            live = [lp for lp in live if not lp.done]
     finally:
         for lp in loops.values():
             lp.close()
@@ -287,9 +293,9 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
     machine info); ``df.attrs`` holds machine info and the saved path.
 
     ``engines`` (arm → its own engine, same models): the arms of a cell run *interleaved* —
-    one step of each in turn — and each is timed on its own clock (see :class:`_Loop`), so
-    every arm sees the same machine state and drift cancels from the ratios. Without it the
-    arms of a cell run back to back on ``engine`` (order rotated per repeat).
+    one step of each per round, in a shuffled order — and each is timed on its own clock (see
+    :class:`_Loop`), so every arm sees the same machine state and drift cancels from ratios.
+    Without it the arms of a cell run back to back on ``engine`` (order rotated per repeat).
     """
     if not prompts:
         raise ValueError("run_concurrency: no prompts")
