@@ -69,8 +69,16 @@ for name, s in arms.items():
 
 # %% [markdown]
 # ## The sweep
-# Closed loop: at concurrency c, c requests stay in flight (a new one joins when one finishes);
-# the arms of a level run back to back. Progress and tok/s update live, one point per arm.
+# Closed loop: at concurrency c, c requests stay in flight (a new one joins when one finishes).
+# Every arm gets its own engine and the arms of a level advance **one step each per round**,
+# each timed on its own clock: they share the same stretch of the machine's life, so its drift
+# (±10 % over minutes on a busy laptop) cancels from the ratios. Progress and tok/s update live,
+# one point per arm.
+
+# %%
+cfg = wb.EngineConfig(max_batch_size=max(LEVELS), kv_budget_tokens=8192)
+engines = {a: wb.Engine.from_pretrained(models.target, draft=models.draft, config=cfg)
+           for a in arms}
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -82,7 +90,7 @@ progress
 frames = []
 for i, c in enumerate(progress.iter(LEVELS)):
     df = run_concurrency(engine, prompts, levels=[c], arms=arms, max_new_tokens=MAX_NEW_TOKENS,
-                         warmup=i == 0, progress=False)
+                         warmup=i == 0, progress=False, engines=engines)
     for row in df.itertuples():
         progress.update(arm=row.arm, concurrency=c, tok_s=row.tok_s)
     frames.append(df)
@@ -133,8 +141,11 @@ chosen = {"baseline": None, "eagle3": arms["eagle3"]}
 for state in ("warm", "cold"):
     chosen[f"threshold {th.suggested_n} {state}"] = dataclasses.replace(
         spec, policy=wb.BatchThreshold(th.suggested_n), draft_state=state)
+# each arm of this check borrows one of the sweep's engines (one arm per engine)
+lent = dict(zip(chosen, ["baseline", "eagle3", "threshold", "goodput"], strict=True))
 check = summarize(run_concurrency(engine, prompts, levels=LEVELS, arms=chosen,
-                                  max_new_tokens=MAX_NEW_TOKENS, progress=False))
+                                  max_new_tokens=MAX_NEW_TOKENS, progress=False,
+                                  engines={a: engines[e] for a, e in lent.items()}))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
