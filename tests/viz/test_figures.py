@@ -211,8 +211,13 @@ def test_policy_timeline_on_engine_threshold(engine: wb.Engine) -> None:
     pol = rec.frame("policy")
     fig = F.policy_timeline(pol, threshold=2)
     t = by_name(fig)
-    assert all(y <= 2 for y in t["speculate"].y) and all(y > 2 for y in t["plain"].y)
+    assert all(y <= 2 for y in t["speculate"].y)
     assert len(t["speculate"].x) > 0 and len(t["plain"].x) > 0
+    # plain at or below the threshold only where every request had one token left (a draft
+    # cannot help it): the engine reports that step as plain
+    low = pol[(~pol["speculate"]) & (pol["decode_batch"] <= 2)]
+    assert low["reason"].str.endswith("ran plain").all()
+    assert sorted(t["plain"].y) == sorted(pol[~pol["speculate"]]["decode_batch"])
 
 
 def test_init_stages_colours_by_status() -> None:
