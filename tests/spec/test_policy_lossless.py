@@ -270,3 +270,21 @@ def test_keep_feats_window_trims_into_holes() -> None:
     keep(None, r, torch.zeros(4, 4), None)  # type: ignore[arg-type]  # no window: keeps all
     r.kv_len += 4
     assert sum(f.shape[0] for f in r.pending_feats) == 6
+
+
+def test_no_holes_for_page_table_backends(engine: wb.Engine,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft attention backend that needs whole positions (FlashInfer's page tables) gets no
+    holes: the window is ignored and the cold catch-up covers everything missed."""
+    monkeypatch.setattr(engine.draft_attn, "arbitrary_slots", False)
+    holed: list[int] = []
+    real = engine._draft_slots
+
+    def slots(r: Any, end: int) -> Any:
+        holed.extend([r.rid] if r.draft_holes else [])
+        return real(r, end)
+
+    monkeypatch.setattr(engine, "_draft_slots", slots)
+    spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=1, policy=OffStretches())
+    assert run(engine, prompts(13, 1), spec, 4) == baseline(engine, 13, 1, 4)
+    assert not holed

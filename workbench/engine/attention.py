@@ -18,6 +18,9 @@ class PagedAttention:
     dominated by the gather at long contexts.
     """
 
+    # kv_slots may be any slot list (a draft with holes): see Engine._draft_slots
+    arbitrary_slots = True
+
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int) -> None:
         self.k_pool, self.v_pool = k_pool, v_pool  # (L, S, Hkv, hd)
         self.h = num_heads

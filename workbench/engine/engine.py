@@ -761,8 +761,10 @@ class Engine:
         t = time.perf_counter()
         warm = []
         extend = self._draft_warm()
-        # a cold draft keeps only the latest catchup_window features (bounded catch-up)
-        window = None if extend or self.spec is None else self.spec.catchup_window
+        # a cold draft keeps only the latest catchup_window features (bounded catch-up); the
+        # holes that leaves need a draft attention backend taking any slot list
+        window = None if extend or self.spec is None or \
+            not getattr(self.draft_attn, "arbitrary_slots", False) else self.spec.catchup_window
         for i, r in enumerate(reqs):
             if self._bad_logits(r, logits[i : i + 1], outputs):
                 continue

@@ -78,6 +78,9 @@ class FlashInferAttention:
     groups >= 4 and one JIT module less to compile.
     """
 
+    # page tables: kv_slots must be whole positions [0, kv_len) (no draft holes)
+    arbitrary_slots = False
+
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
                  page_size: int, *, use_tensor_cores: bool = True, probe: bool = True,
                  workspace: torch.Tensor | None = None) -> None:

@@ -123,6 +123,9 @@ class TritonTreeAttention:
     head group (no gather copy), plus B·Lq·Lk mask bytes in tree mode.
     """
 
+    # kv_slots may be any slot list (a draft with holes): see Engine._draft_slots
+    arbitrary_slots = True
+
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int, *,
                  kernel: Literal["triton", "reference"] = "triton") -> None:
         """kernel="reference" runs the kernel's torch specification instead (same contract,
