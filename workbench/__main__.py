@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--out", default="")
     mp.set_defaults(fn=cmd_make_prompts)
 
-    b = sub.add_parser("bench", help="benchmarks: spec | peers | concurrency | threshold")
-    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold"])
+    b = sub.add_parser("bench",
+                       help="benchmarks: spec | peers | concurrency | threshold | shapes")
+    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold", "shapes"])
     b.add_argument("--model", default=DEFAULT_TARGET)
     b.add_argument("--draft", default=DEFAULT_DRAFT)
     b.add_argument("--url", default=None, help="benchmark a running server instead")
@@ -160,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, default=1,
                    help="concurrency/threshold: run every (level, arm) cell this many times, "
                         "arm order rotated per repeat (means reported)")
+    b.add_argument("--tau", type=float, default=5.0,
+                   help="shapes: the accept length to simulate (random-weight pairs)")
     b.add_argument("--levels", default=None, metavar="C1,C2,...",
                    help="concurrency/threshold: concurrency levels (default 1,2,4,8,16,32,64)")
     b.add_argument("--sequential", action="store_true",

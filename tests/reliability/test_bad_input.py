@@ -225,6 +225,8 @@ CASES: dict[str, Case] = {
                                 "ConfigError: --spec: expected three integers"),
     "cli bench spec too many nodes": cli(lambda c: ["bench", "threshold", "--spec", "2,2,9"], 1,
                                          "ConfigError: --spec 2,2,9: SpecConfig.num_draft_tokens"),
+    "cli bench shapes tau": cli(lambda c: ["bench", "shapes", "--tau", "9"], 1,
+                                "ConfigError: bench shapes: --tau 9 not in"),
     "cli bench levels": cli(lambda c: ["bench", "concurrency", "--levels", "1,0"], 1,
                             "ConfigError: --levels: concurrency levels must be >= 1"),
     "cli bench levels not int": cli(lambda c: ["bench", "threshold", "--levels", "1,two"], 1,

@@ -5,33 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
-from workbench.models.loader import load_target, save_eagle3
+from workbench.models.synthetic import write_random_head
 
-
-def write_random_head(target: Path, out: Path, draft_vocab: int = 128, seed: int = 0,
-                      std: float = 0.3) -> Path:
-    model, cfg, _ = load_target(target)
-    dc = Eagle3Config(hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size,
-                      intermediate_size=cfg.intermediate_size,
-                      num_attention_heads=cfg.num_attention_heads,
-                      num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                      vocab_size=cfg.vocab_size, draft_vocab_size=draft_vocab,
-                      rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)
-    d = Eagle3Draft(dc)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in d.named_parameters():
-            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=g)
-                    * std)
-        ids = torch.sort(torch.randperm(cfg.vocab_size, generator=g)[:draft_vocab]).values
-        d.d2t.copy_(ids - torch.arange(draft_vocab))
-        d.t2d.zero_()
-        d.t2d[ids] = True
-    save_eagle3(d, out)
-    return out
+__all__ = ["random_head", "write_random_head"]  # write_random_head: imported by other tests
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,13 @@
-"""``python -m workbench bench {spec,peers,concurrency,threshold}``: run, print, save.
+"""``python -m workbench bench {spec,peers,concurrency,threshold,shapes}``: run, print, save.
 
 * spec: EAGLE-3 arms vs baseline at bs=1 (``workbench.bench.spec``);
 * peers: transformers generate / prompt lookup / assisted vs ours (``workbench.bench.peers``);
 * concurrency: closed-loop sweep over concurrency levels with the policy arms
   (``workbench.bench.concurrency``), or against a running server with ``--url``
   (``workbench.bench.http``);
-* threshold: baseline vs eagle3 sweep → crossover batch size and a suggested BatchThreshold(n).
+* threshold: baseline vs eagle3 sweep → crossover batch size and a suggested BatchThreshold(n);
+* shapes: speedup vs target shape at a simulated accept length, random-weight pairs
+  (``workbench.bench.shapes``): which pair shape this machine needs for a given speedup.
 
 Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-prompts``).
 """
@@ -285,8 +287,30 @@ def bench_threshold(ns: argparse.Namespace) -> int:
     return 0
 
 
+def bench_shapes(ns: argparse.Namespace) -> int:
+    from workbench.bench.shapes import SHAPES, run_shapes, save_shapes
+
+    tau = float(ns.tau)
+    spec = _spec(ns)
+    if not 1.0 <= tau <= spec.num_steps + 1:  # before anything is loaded or written
+        raise ConfigError(f"bench shapes: --tau {tau:g} not in [1, num_steps+1 = "
+                          f"{spec.num_steps + 1}]")
+    prompts = _prompts(ns)
+    shapes = dict(list(SHAPES.items())[:2]) if ns.quick else SHAPES
+    pairs = {}
+    if ns.draft and (Path(ns.draft) / "config.json").is_file():
+        pairs["shipped (trained)"] = (ns.model, ns.draft)
+    df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=_max_new(ns),
+                    tokenizer_from=ns.model, pairs=pairs)
+    _show(f"speedup vs target shape at a simulated accept length (random weights; "
+          f"{df.attrs['config']['spec']}, bs=1 greedy)",
+          df.drop(columns=["layers", "hidden", "random"]))
+    print(f"\nresults: {save_shapes(df, ns.out)}")
+    return 0
+
+
 COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,
-            "threshold": bench_threshold}
+            "threshold": bench_threshold, "shapes": bench_shapes}
 
 
 def run(ns: argparse.Namespace) -> int:

@@ -45,7 +45,8 @@ class SpecBenchResult:
 
 def run_spec_bench(engine: Any, prompts: list[str],
                    arms: dict[str, SpecConfig | None] | None = None,
-                   max_new_tokens: int = 128, warmup: int = 1) -> SpecBenchResult:
+                   max_new_tokens: int = 128, warmup: int = 1,
+                   progress: bool = True) -> SpecBenchResult:
     """bs=1 greedy. Rows: one per (prompt, arm) with tokens, seconds, tok/s, τ, lossless."""
     arms = arms or DEFAULT_ARMS
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
@@ -53,7 +54,7 @@ def run_spec_bench(engine: Any, prompts: list[str],
         for p in prompts[:warmup]:
             engine.generate([p], sp, spec=spec)
     rows = []
-    for i, p in enumerate(tqdm(prompts, desc="bench spec", unit="prompt")):
+    for i, p in enumerate(tqdm(prompts, desc="bench spec", unit="prompt", disable=not progress)):
         base_ids: list[int] | None = None
         for name, spec in arms.items():
             t0 = time.perf_counter()
