@@ -131,6 +131,55 @@ best = table.sort_values("speedup", ascending=False).iloc[0]
 print(f"best shape here: {best.arm}: {best.speedup:.2f}× at τ = {best.tau:.2f}")
 
 # %% [markdown]
+# ## τ is half the story: what a verify costs on this machine
+# Speed is τ × (plain step) / (speculative step). The second factor depends on the pair's shape
+# and the hardware, not on training, so random-weight pairs can measure it: `run_shapes` decodes
+# with `simulate_accept_length=τ` (synthetic acceptance, real draft/verify/commit work; outputs
+# are not the target's and are marked so) for several target shapes. Two small shapes, live:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from workbench.bench.shapes import run_shapes
+from workbench.models.synthetic import TargetShape
+from workbench.viz.demo_models import REPO_ROOT
+
+small = {"4 × 128": TargetShape(4, 128, 256, heads=2, kv_heads=1, vocab=512),
+         "16 × 128": TargetShape(16, 128, 256, heads=2, kv_heads=1, vocab=512)}
+live = run_shapes([[5, 6, 7, 8, 9, 10], [11, 12, 13]], small, tau=4.0,
+                  spec=wb.SpecConfig(num_steps=4, topk=2, num_draft_tokens=8),
+                  max_new_tokens=32, work=REPO_ROOT / "data" / "work" / "shapes")
+live[["shape", "tau", "speedup", "plain_ms", "spec_ms", "draft_ms", "verify_ratio", "bound"]]
+
+# %% [markdown]
+# The deeper target pays back more of its draft phase: the head costs the same, the plain step
+# costs four times more. What it cannot change is `verify_ratio` — what verifying N tokens costs
+# against decoding one, a property of the hardware (on a CPU, fp32 GEMMs turn compute-bound
+# near 16 rows). `bound` = τ / verify_ratio is the speedup if drafting were free.
+#
+# The same study at the shipped scale (`python -m workbench bench shapes`, saved in
+# `data/results/shapes.json`; the first row is the trained pair at the same posed τ):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import json
+
+import pandas as pd
+
+saved = REPO_ROOT / "data" / "results" / "shapes.json"
+study = pd.DataFrame(json.loads(saved.read_text())["rows"]) if saved.is_file() else live
+if saved.is_file():
+    m = json.loads(saved.read_text())["machine"]
+    print(f"saved run: {m.get('cpu')}, {m.get('cores')} cores, torch {m.get('torch')}")
+F.shape_speedups(study)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+top = study.sort_values("speedup").iloc[-1]
+print(f"verify costs {study.verify_ratio.min():.2f}-{study.verify_ratio.max():.2f} plain steps "
+      f"at every shape; the best shape here, {top['shape']}, reaches {top.speedup:.2f}× at "
+      f"τ = {top.tau:.2f} (bound {top.bound:.2f}×)")
+
+# %% [markdown]
 # ## Recap
 # - Acceptance decays with depth; accepted nodes per verify step, plus the bonus, is τ.
 # - Some rejections are structural (target token outside the draft vocabulary); others are the
@@ -138,3 +187,5 @@ print(f"best shape here: {best.arm}: {best.speedup:.2f}× at τ = {best.tau:.2f}
 # - The best (S, K, N) is a hardware question: τ rises with N, but so does verify cost. Re-run
 #   the sweep on the machine you will serve from. **04** asks the same question across batch
 #   sizes.
+# - The pair's shape is the other half: a deeper target amortises the draft, but no shape beats
+#   τ / verify_ratio, and verify_ratio belongs to the hardware (`bench shapes` measures both).

@@ -268,6 +268,20 @@ def test_speedup_bars() -> None:
     assert list(t["speedup"].text) == ["1.00×", "1.30×", "0.80×"]
 
 
+def test_shape_speedups() -> None:
+    df = pd.DataFrame({"shape": ["18x256", "72x256"], "speedup": [1.8, 2.5],
+                       "bound": [3.1, 3.3], "verify_ratio": [1.5, 1.4]})
+    fig = F.shape_speedups(df)
+    assert_dressed(fig)
+    t = by_name(fig)
+    assert list(t["speedup"].y) == [1.8, 2.5] and list(t["speedup"].text) == ["1.80×", "2.50×"]
+    assert list(t["bound: free drafting"].y) == [3.1, 3.3]
+    assert list(t["verify / plain step"].y) == [1.5, 1.4]
+    assert fig.layout.yaxis.range[1] >= 3.3  # the bound and the 3× line stay in view
+    with pytest.raises(ValueError, match="shape_speedups"):
+        F.shape_speedups(df.drop(columns=["bound"]))
+
+
 def concurrency_table(seconds: bool = False) -> pd.DataFrame:
     rows = []
     for c in (1, 2, 4, 8, 16):

@@ -490,6 +490,32 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
     return _layout(fig, "EAGLE-3 vs baseline: speedup and accept length", width, height)
 
 
+def shape_speedups(df: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT) -> go.Figure:
+    """Per row of ``workbench.bench.shapes.run_shapes`` (columns shape, speedup, bound,
+    verify_ratio): bars of the measured speedup (trace ``speedup``), markers of the bound with
+    drafting free (trace ``bound: free drafting``), and the verify/plain step ratio on a second
+    axis (trace ``verify / plain step``). Dashed line: 3.0×, the paper-style goal."""
+    _require(df, ("shape", "speedup", "bound", "verify_ratio"), "shape_speedups")
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=df["shape"], y=df["speedup"], name="speedup", marker_color=ACCEPTED,
+                         text=[f"{v:.2f}×" for v in df["speedup"]], textposition="outside"),
+                  secondary_y=False)
+    fig.add_trace(go.Scatter(x=df["shape"], y=df["bound"], name="bound: free drafting",
+                             mode="markers", marker=dict(symbol="line-ew-open", size=28,
+                                                         color="#d62728", line=dict(width=3))),
+                  secondary_y=False)
+    fig.add_trace(go.Scatter(x=df["shape"], y=df["verify_ratio"], name="verify / plain step",
+                             mode="lines+markers", marker=dict(color=TARGET)), secondary_y=True)
+    fig.add_hline(y=3.0, line=dict(color="#555555", dash="dash"))
+    top = float(max(df["bound"].max(), df["speedup"].max(), 3.0))
+    fig.update_yaxes(title="tok/s relative to baseline", range=[0, top * 1.15],
+                     secondary_y=False)
+    fig.update_yaxes(title="verify step / plain step", rangemode="tozero", secondary_y=True,
+                     showgrid=False)
+    fig.update_xaxes(title="target shape (layers × width)")
+    return _layout(fig, "Speedup at a fixed accept length, by target shape", width, height)
+
+
 # Columns ``concurrency_curves`` reads. Latencies may be in ms (``*_ms``, preferred: the
 # workbench.bench.concurrency table) or in seconds without the suffix (converted to ms).
 CONCURRENCY_COLUMNS = {
