@@ -288,3 +288,29 @@ def test_no_holes_for_page_table_backends(engine: wb.Engine,
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=1, policy=OffStretches())
     assert run(engine, prompts(13, 1), spec, 4) == baseline(engine, 13, 1, 4)
     assert not holed
+
+
+def test_auto_defers_prompt_extends(engine: wb.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """draft_state="auto": a new prompt's draft extend waits for the request's first
+    speculative step, so with speculation off (Never) no prompt is ever extended, while
+    "warm" extends each one at prefill; with Always the deferred extend happens and outputs
+    equal the baseline."""
+    rng = random.Random(5)
+    long_prompts = [[rng.randrange(1, 299) for _ in range(40 + 3 * i)] for i in range(4)]
+    rows: dict[str, int] = {}
+    real = engine._draft_extend
+    for state in ("auto", "warm"):
+        rows[state] = 0
+
+        def counting(reqs: Any, state: str = state) -> None:
+            rows[state] += sum(r.kv_len - r.draft_len for r in reqs)
+            real(reqs)
+
+        monkeypatch.setattr(engine, "_draft_extend", counting)
+        engine._plain_streak = 0  # as after a speculative step: auto starts warm
+        spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=wb.Never())
+        run(engine, long_prompts, spec, 4)
+    assert rows["auto"] == 0 and rows["warm"] >= sum(len(p) for p in long_prompts)
+    monkeypatch.setattr(engine, "_draft_extend", real)
+    spec = wb.SpecConfig(**SHAPE, draft_state="auto", policy=wb.Always())
+    assert run(engine, long_prompts, spec, 4) == run(engine, long_prompts, None, 4)

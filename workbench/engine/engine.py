@@ -40,6 +40,8 @@ Prompt = str | Sequence[int] | Sequence[dict[str, str]]
 # cold (measured on the 2-core EPYC: a warm plain step costs 0.7-4.6 ms more than a cold one at
 # batch 1-64, a cold catch-up 1.3-12 ms once per switch; short flips stay cheap either way).
 AUTO_WARM_STEPS = 8
+# draft_state="auto" with catchup_window=None: warm plain steps extend backlogs up to this size
+AUTO_CATCHUP_ROWS = 32
 
 
 class EngineStats:
@@ -731,7 +733,10 @@ class Engine:
                     self._emit(r, [tok], [False], outputs)
             offs += n
         spec_done = [r for r in done if r.spec_capable and not r.finished]
-        if spec_done and self._draft_warm():
+        # warm: extend over the prompt now; auto defers it to the first speculative step (a
+        # policy that is off — high load — then never pays for it)
+        if spec_done and self._draft_warm() and self.spec is not None and \
+                self.spec.draft_state != "auto":
             self._draft_extend(spec_done)
         if self.trace.enabled:
             self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
@@ -778,8 +783,14 @@ class Engine:
             self._emit(r, [int(toks[i])], [False], outputs)
         phases["commit"] = phases.get("commit", 0.0) + _ms(t)
         if warm and extend:
+            todo = [r for r in warm if not r.finished]
+            if self.spec is not None and self.spec.draft_state == "auto":
+                # auto keeps *current* drafts current; a big backlog (a fresh prompt) waits for
+                # the next speculative step, which needs that extend anyway
+                cap = self.spec.catchup_window or AUTO_CATCHUP_ROWS
+                todo = [r for r in todo if r.kv_len - r.draft_len <= cap]
             t = time.perf_counter()
-            self._draft_extend([r for r in warm if not r.finished])
+            self._draft_extend(todo)
             phases["extend"] = phases.get("extend", 0.0) + _ms(t)
 
     # -- speculative decode ------------------------------------------------------------------
