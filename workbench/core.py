@@ -81,6 +81,12 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     emitted_from_draft: list[bool] = field(default_factory=list)
 
+    def drop_draft_state(self) -> None:
+        """Forget everything the draft knew of this request (preemption, finish)."""
+        self.pending_feats = self.draft_logits = self.draft_hidden = None
+        self.pending_rows = 0
+        self.draft_holes = []
+
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens = list(self.prompt_ids)

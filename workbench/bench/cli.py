@@ -184,7 +184,7 @@ def _arm_engines(ns: argparse.Namespace, engine: Any, arms: dict[str, Any],
 
 
 def bench_concurrency(ns: argparse.Namespace) -> int:
-    _levels(ns)  # flag errors first, whichever path
+    levels = _levels(ns)  # flag errors first, whichever path
     if ns.url:
         return bench_http(ns)
     from workbench.bench.concurrency import (
@@ -195,7 +195,6 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
         switch_costs,
     )
 
-    levels = _levels(ns)
     shape = _spec(ns)
     prompts = _prompts(ns)
     engine = _engine(ns, need_draft=False, max_batch=max(levels))
@@ -288,13 +287,11 @@ def bench_threshold(ns: argparse.Namespace) -> int:
 
 
 def bench_shapes(ns: argparse.Namespace) -> int:
-    from workbench.bench.shapes import SHAPES, run_shapes, save_shapes
+    from workbench.bench.shapes import SHAPES, check_tau, run_shapes, save_shapes
 
     tau = float(ns.tau)
     spec = _spec(ns)
-    if not 1.0 <= tau <= spec.num_steps + 1:  # before anything is loaded or written
-        raise ConfigError(f"bench shapes: --tau {tau:g} not in [1, num_steps+1 = "
-                          f"{spec.num_steps + 1}]")
+    check_tau(tau, spec)  # before anything is loaded
     prompts = _prompts(ns)
     shapes = dict(list(SHAPES.items())[:2]) if ns.quick else SHAPES
     pairs = {}

@@ -10,13 +10,13 @@ fine: only the time is read.
 
 Per shape: baseline and simulated-τ tok/s (arms interleaved per prompt, untraced), their ratio,
 and from a traced pass over two prompts the median plain step, speculative step, its draft and
-verify phases, ``verify_ratio`` =
-verify / plain step, and ``bound`` = τ / verify_ratio (the speedup if drafting, accepting and
-committing were free).
+verify phases, ``verify_ratio`` = verify / plain step, and ``bound`` = τ / verify_ratio (the
+speedup if drafting, accepting and committing were free).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,11 +57,8 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
 
     shapes = dict(SHAPES if shapes is None else shapes)
     base = spec or SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
-    if not 1.0 <= tau <= base.num_steps + 1:
-        raise ConfigError(f"bench shapes: --tau {tau:g} not in [1, num_steps+1 = "
-                          f"{base.num_steps + 1}]")
-    sim = SpecConfig(num_steps=base.num_steps, topk=base.topk,
-                     num_draft_tokens=base.num_draft_tokens, simulate_accept_length=tau)
+    check_tau(tau, base)
+    sim = dataclasses.replace(base, simulate_accept_length=tau)
     name = f"S{sim.num_steps} K{sim.topk} N{sim.num_draft_tokens} τ={tau:g}"
     todo: list[tuple[str, TargetShape | None, Any]] = [
         (label, None, tuple(p)) for label, p in (pairs or {}).items()]
@@ -103,6 +100,13 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
     df.attrs["config"] = {"tau": tau, "spec": name, "max_new_tokens": max_new_tokens,
                           "prompts": len(prompts), "simulated": True}
     return df
+
+
+def check_tau(tau: float, spec: SpecConfig) -> None:
+    """The posed accept length must be reachable: 1 ≤ τ ≤ S + 1."""
+    if not 1.0 <= tau <= spec.num_steps + 1:
+        raise ConfigError(f"bench shapes: --tau {tau:g} not in [1, num_steps+1 = "
+                          f"{spec.num_steps + 1}]")
 
 
 def _params(mc: Any) -> int:

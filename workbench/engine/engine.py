@@ -574,6 +574,20 @@ class Engine:
             return self._plain_streak < AUTO_WARM_STEPS
         return spec.draft_state == "warm"
 
+    def _extend_now(self, reqs: list[Request]) -> list[Request]:
+        """The drafts a step that does not speculate (prefill, plain decode) extends now:
+        ``warm`` all of them, ``cold`` none, ``auto`` — in the first AUTO_WARM_STEPS steps of
+        an off stretch — those at most ``catchup_window`` behind: current drafts stay current,
+        a big backlog (a fresh prompt) waits for the request's first speculative step, which
+        needs that extend anyway, so a policy that is off under load never pays for it."""
+        spec = self.spec
+        if spec is None or not reqs or not self._draft_warm():
+            return []
+        if spec.draft_state == "auto":
+            cap = spec.catchup_window or AUTO_CATCHUP_ROWS
+            return [r for r in reqs if r.kv_len - r.draft_len <= cap]
+        return reqs
+
     def _decide(self, decode: list[Request]) -> Decision:
         spec = self.spec
         if spec is None or self.draft is None:
@@ -732,12 +746,9 @@ class Engine:
                     tok = int(sample_rows(logits, [r.sampling], [r.generator])[0])
                     self._emit(r, [tok], [False], outputs)
             offs += n
-        spec_done = [r for r in done if r.spec_capable and not r.finished]
-        # warm: extend over the prompt now; auto defers it to the first speculative step (a
-        # policy that is off — high load — then never pays for it)
-        if spec_done and self._draft_warm() and self.spec is not None and \
-                self.spec.draft_state != "auto":
-            self._draft_extend(spec_done)
+        todo = self._extend_now([r for r in done if r.spec_capable and not r.finished])
+        if todo:
+            self._draft_extend(todo)
         if self.trace.enabled:
             self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
                                        num_tokens=int(tokens.numel()),
@@ -765,10 +776,9 @@ class Engine:
         phases["decode"] = phases.get("decode", 0.0) + _ms(t)
         t = time.perf_counter()
         warm = []
-        extend = self._draft_warm()
         # a cold draft keeps only the latest catchup_window features (bounded catch-up); the
         # holes that leaves need a draft attention backend taking any slot list
-        window = None if extend or self.spec is None or \
+        window = None if self._draft_warm() or self.spec is None or \
             not getattr(self.draft_attn, "arbitrary_slots", False) else self.spec.catchup_window
         for i, r in enumerate(reqs):
             if self._bad_logits(r, logits[i : i + 1], outputs):
@@ -782,13 +792,8 @@ class Engine:
                 r.spec_capable = False  # spec was switched off engine-wide: no features kept
             self._emit(r, [int(toks[i])], [False], outputs)
         phases["commit"] = phases.get("commit", 0.0) + _ms(t)
-        if warm and extend:
-            todo = [r for r in warm if not r.finished]
-            if self.spec is not None and self.spec.draft_state == "auto":
-                # auto keeps *current* drafts current; a big backlog (a fresh prompt) waits for
-                # the next speculative step, which needs that extend anyway
-                cap = self.spec.catchup_window or AUTO_CATCHUP_ROWS
-                todo = [r for r in todo if r.kv_len - r.draft_len <= cap]
+        todo = self._extend_now([r for r in warm if not r.finished])
+        if todo:
             t = time.perf_counter()
             self._draft_extend(todo)
             phases["extend"] = phases.get("extend", 0.0) + _ms(t)
@@ -957,13 +962,13 @@ class Engine:
         stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
         kept: list[int] = []
         reason = None
+        room = self._room(r)
         for tok in new:
             kept.append(tok)
-            n_out = len(r.tokens) - len(r.prompt_ids) + len(kept)
             if tok in stops:
                 reason = "stop"
                 break
-            if n_out >= sp.max_new_tokens or len(r.tokens) + len(kept) >= self.max_model_len:
+            if len(kept) >= room:  # max_new_tokens or the context length reached
                 reason = "length"
                 break
         r.tokens.extend(kept)

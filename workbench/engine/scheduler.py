@@ -92,9 +92,7 @@ class Scheduler:
         req.prefill_target = len(req.tokens) - 1 if has_output else len(req.tokens)
         req.sample_after_prefill = not has_output
         req.kv_len = req.draft_len = 0
-        req.pending_feats = req.draft_logits = req.draft_hidden = None
-        req.pending_rows = 0
-        req.draft_holes = []
+        req.drop_draft_state()
         req.status = Status.WAITING
         req.metrics.preemptions += 1
         self.waiting.appendleft(req)
@@ -105,7 +103,5 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        req.pending_feats = req.draft_logits = req.draft_hidden = None
-        req.pending_rows = 0
-        req.draft_holes = []
+        req.drop_draft_state()
         req.status = Status.FINISHED
