@@ -126,9 +126,9 @@ class SpecConfig:
     policy: Policy | None = None  # None → Always()
     # while speculation is off: "warm" extends the draft on every plain step (SGLang), "cold"
     # skips it and catches up when speculation returns, "auto" stays warm for the first
-    # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold; auto
-    # also defers a new prompt's draft extend to its first speculative step (high load never
-    # pays for it) and its warm steps extend only drafts at most catchup_window behind
+    # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold; its
+    # warm steps extend only drafts at most catchup_window behind, so a new prompt longer than
+    # that waits for its first speculative step (high load never pays for its extend)
     draft_state: Literal["warm", "cold", "auto"] = "warm"
     # a cold draft keeps the target features of at most this many missed positions (the most
     # recent): the catch-up when speculation returns extends over them only, and older missed
