@@ -1,0 +1,392 @@
+"""Benchmarks that flag their own noise: load, self-consistency checks, confidence intervals.
+
+A speed figure is only worth quoting if the run it came from was quiet and its numbers agree
+with each other. This module gives every ``bench`` result (and a notebook) the means to say so:
+
+* :class:`LoadSampler` / :func:`load_before` / :func:`load_after` — the 1/5/15-min load
+  average before and after a run (``os.getloadavg``);
+* :func:`sanity_flags` — checks a table of result rows and returns :class:`Flag` s:
+
+  ==================== =====================================================================
+  code                 raised when
+  ==================== =====================================================================
+  ``loaded``           the 1-min load before or after the run exceeds the cores (other work
+                       competed for the CPU: absolute figures are low, ratios noisier)
+  ``tok_s_vs_itl``     at concurrency 1, tok/s and ``tokens per step × 1000 / ITL p50`` differ
+                       by more than 20 % (the clock, the ITL or the token count is off)
+  ``never_vs_baseline`` arm ``never`` (speculative engine, drafting off) and ``baseline``
+                       differ in tok/s by more than 5 % at the same level (noise, or a real
+                       K=0 tax above 5 %)
+  ``speedup_above_tau`` a speedup over baseline larger than τ (a speculative step never costs
+                       less than a plain one, so speedup ≤ τ: a larger figure is noise)
+  ==================== =====================================================================
+
+* :func:`mark` — adds a ``flags`` column (comma-separated codes, "" when clean) to a table;
+* :func:`report` — the ``{"machine", "load", "flags"}`` block every result file carries;
+* :func:`mean_ci` — mean and Student-t confidence interval over repeats.
+
+Use from a notebook::
+
+    from workbench.bench import sanity
+    with sanity.LoadSampler() as load:
+        df = run_concurrency(engine, prompts, levels=(1, 4))
+    flags = sanity.sanity_flags(df, load=load.as_dict())
+    df = sanity.mark(df, flags)           # df["flags"]: "loaded,never_vs_baseline" / ""
+    for f in flags:
+        print(f.code, f.message)
+    m, lo, hi = sanity.mean_ci([101.0, 97.5, 99.2])
+
+Rows are mappings (or a DataFrame) with any of the columns ``arm``, ``concurrency``, ``repeat``,
+``tok_s``, ``itl_p50_ms``, ``tau``, ``spec_share``, ``speedup`` / ``vs_baseline``,
+``load_before`` / ``load_after``; checks whose columns are missing are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from workbench.bench.machine import loadavg, machine_info
+
+LOADED = "loaded"
+TOK_S_VS_ITL = "tok_s_vs_itl"
+NEVER_VS_BASELINE = "never_vs_baseline"
+SPEEDUP_ABOVE_TAU = "speedup_above_tau"
+CODES = (LOADED, TOK_S_VS_ITL, NEVER_VS_BASELINE, SPEEDUP_ABOVE_TAU)
+
+ITL_TOLERANCE = 0.20  # tok/s vs tokens-per-step × 1000 / ITL p50 at c=1
+NEVER_TOLERANCE = 0.05  # never vs baseline tok/s at the same level
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One reason not to trust a result. ``code`` is one of :data:`CODES`; ``message`` says
+    what was seen, with the numbers; ``row`` is the offending row (None: the whole run)."""
+
+    code: str
+    message: str
+    row: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the row's values as plain Python types)."""
+        d = asdict(self)
+        if self.row is not None:
+            d["row"] = {k: _plain(v) for k, v in self.row.items()}
+        return d
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item") and callable(v.item):
+        return v.item()
+    return v
+
+
+def load_before() -> list[float] | None:
+    """The load average ``[1, 5, 15 min]`` now: call right before a run."""
+    return loadavg()
+
+
+def load_after() -> list[float] | None:
+    """The load average ``[1, 5, 15 min]`` now: call right after a run."""
+    return loadavg()
+
+
+class LoadSampler:
+    """Load average before and after a block::
+
+        with LoadSampler() as load:
+            ...                       # the benchmark
+        load.before, load.after       # [1, 5, 15-min] each (None where the OS has none)
+        load.as_dict()                # {"before": [...], "after": [...], "cores": n}
+    """
+
+    def __init__(self, cores: int | None = None) -> None:
+        self.cores = cores if cores is not None else os.cpu_count()
+        self.before: list[float] | None = None
+        self.after: list[float] | None = None
+
+    def start(self) -> LoadSampler:
+        self.before = load_before()
+        return self
+
+    def stop(self) -> LoadSampler:
+        self.after = load_after()
+        return self
+
+    def __enter__(self) -> LoadSampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after, "cores": self.cores}
+
+
+def _rows(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> list[dict[str, Any]]:
+    if isinstance(rows, pd.DataFrame):
+        return [dict(r) for r in rows.to_dict(orient="records")]
+    return [dict(r) for r in rows]
+
+
+def _num(row: Mapping[str, Any], key: str) -> float | None:
+    v = row.get(key)
+    if v is None or isinstance(v, str):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _load1(load: Any) -> float | None:
+    if load is None:
+        return None
+    if isinstance(load, int | float):
+        return float(load)
+    seq = list(load)
+    return float(seq[0]) if seq else None
+
+
+def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int | None = None,
+                 load: Mapping[str, Any] | None = None) -> list[Flag]:
+    """Check result rows (see the module docstring for the codes and columns).
+
+    ``cores`` defaults to ``load["cores"]`` or ``os.cpu_count()``; ``load`` is a
+    :meth:`LoadSampler.as_dict` for the whole run (rows may also carry their own
+    ``load_before`` / ``load_after``). Rows without ``concurrency`` count as concurrency 1.
+    Returns the flags in check order; empty when the run looks clean.
+    """
+    table = _rows(rows)
+    cores = cores or (load or {}).get("cores") or os.cpu_count() or 1
+    flags: list[Flag] = []
+    # 1. load above the cores, for the run and for any row that carries its own
+    if load is not None:
+        for when in ("before", "after"):
+            x = _load1(load.get(when))
+            if x is not None and x > cores:
+                flags.append(Flag(LOADED, f"load {x:.2f} {when} the run > {cores} cores: other "
+                                          "work competed for the CPU", None))
+    for r in table:
+        for when in ("before", "after"):
+            x = _load1(r.get(f"load_{when}"))
+            if x is not None and x > cores:
+                flags.append(Flag(LOADED, f"load {x:.2f} {when} this row > {cores} cores", r))
+                break
+    # 2. tok/s vs tokens per step × 1000 / ITL p50, at concurrency 1, uniform arms only
+    for r in table:
+        c, tok_s, itl = _num(r, "concurrency"), _num(r, "tok_s"), _num(r, "itl_p50_ms")
+        if (c if c is not None else 1.0) != 1.0 or tok_s is None or itl is None or itl <= 0:
+            continue
+        share = _num(r, "spec_share")
+        tau = _num(r, "tau") or 1.0
+        if share is None:
+            per_step = tau
+        elif share <= 0.01:
+            per_step = 1.0
+        elif share >= 0.99:
+            per_step = tau
+        else:
+            continue  # a mix of plain and speculative steps: ITL p50 is one of the two
+        expect = per_step * 1000.0 / itl
+        if abs(tok_s / expect - 1.0) > ITL_TOLERANCE:
+            flags.append(Flag(TOK_S_VS_ITL, f"{r.get('arm', 'row')} at c=1: {tok_s:.1f} tok/s "
+                              f"vs {per_step:.2f} × 1000 / ITL p50 {itl:.2f} ms = {expect:.1f} "
+                              f"(off by {100 * (tok_s / expect - 1):+.0f} %, > "
+                              f"{100 * ITL_TOLERANCE:.0f} %)", r))
+    # 3. never vs baseline at the same level (mean over repeats)
+    by: dict[float, dict[str, list[float]]] = {}
+    for r in table:
+        arm, tok_s = r.get("arm"), _num(r, "tok_s")
+        if arm in ("never", "baseline") and tok_s is not None:
+            c = _num(r, "concurrency") or 1.0
+            by.setdefault(c, {}).setdefault(str(arm), []).append(tok_s)
+    for c, arms in sorted(by.items()):
+        if "never" in arms and "baseline" in arms:
+            nv, bl = statistics.fmean(arms["never"]), statistics.fmean(arms["baseline"])
+            ratio = nv / bl
+            if abs(ratio - 1.0) > NEVER_TOLERANCE:
+                flags.append(Flag(NEVER_VS_BASELINE, f"c={c:g}: never {nv:.1f} vs baseline "
+                                  f"{bl:.1f} tok/s ({ratio:.3f}×, off by > "
+                                  f"{100 * NEVER_TOLERANCE:.0f} %)",
+                                  {"arm": "never", "concurrency": c, "tok_s": nv,
+                                   "baseline_tok_s": bl}))
+    # 4. speedup above tau, for rows that speculated
+    for r in table:
+        speed = _num(r, "speedup")
+        if speed is None:
+            speed = _num(r, "vs_baseline")
+        tau, share = _num(r, "tau"), _num(r, "spec_share")
+        if speed is None or tau is None or (share is not None and share <= 0.0):
+            continue
+        if r.get("arm") in ("baseline", "never") or tau <= 1.0 and share is None:
+            continue
+        if speed > tau:
+            flags.append(Flag(SPEEDUP_ABOVE_TAU, f"{r.get('arm', 'row')}"
+                              f"{_at(r)}: speedup {speed:.2f}× > τ {tau:.2f} (impossible "
+                              "without noise)", r))
+    return flags
+
+
+def _at(r: Mapping[str, Any]) -> str:
+    c = _num(r, "concurrency")
+    return "" if c is None else f" at c={c:g}"
+
+
+def _matches(flag_row: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
+    keys = [k for k in ("arm", "concurrency", "repeat", "prompt", "shape") if k in flag_row]
+    if not keys:
+        return False
+    for k in keys:
+        a, b = flag_row.get(k), row.get(k)
+        if k == "concurrency" and a is not None and b is not None:
+            if float(a) != float(b):
+                return False
+        elif k in row and a != b:
+            return False
+        elif k not in row:
+            return False
+    return True
+
+
+def mark(df: pd.DataFrame, flags: Sequence[Flag]) -> pd.DataFrame:
+    """A copy of ``df`` with a ``flags`` column: the codes of the flags about each row
+    (matched on arm / concurrency / repeat / prompt / shape), plus run-wide flags (row None)
+    on every row; "" for a clean row."""
+    out = df.copy()
+    run_wide = sorted({f.code for f in flags if f.row is None})
+    col = []
+    for r in out.to_dict(orient="records"):
+        codes = list(run_wide)
+        for f in flags:
+            if f.row is not None and f.code not in codes and _matches(f.row, r):
+                codes.append(f.code)
+        col.append(",".join(codes))
+    out["flags"] = col
+    return out
+
+
+def report(flags: Sequence[Flag], load: Mapping[str, Any] | None,
+           machine: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The block a result file carries: ``{"machine": ..., "load": {"before", "after",
+    "cores"}, "flags": [{"code", "message", "row"}...], "flagged": bool}``."""
+    return {"machine": dict(machine) if machine is not None else machine_info(),
+            "load": dict(load) if load is not None else None,
+            "flags": [f.to_dict() for f in flags], "flagged": bool(flags)}
+
+
+def print_flags(flags: Sequence[Flag]) -> None:
+    """Print the flags (or that the run looks clean) under a result table."""
+    if not flags:
+        print("\nsanity: clean (load ≤ cores, numbers self-consistent)")
+        return
+    print(f"\nsanity: {len(flags)} flag(s) — figures from this run are marked in the table")
+    for f in flags:
+        print(f"  [{f.code}] {f.message}")
+
+
+# ---------------------------------------------------------------------- confidence intervals
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
+        de = d * c
+        h *= de
+        if abs(de - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) \
+        + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbt) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: int) -> float:
+    """Student-t CDF with ``df`` degrees of freedom."""
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Inverse of :func:`t_cdf` (bisection; exact to ~1e-10), ``0 < p < 1``."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
+    if df < 1:
+        raise ValueError(f"t_quantile: df must be >= 1, got {df}")
+    lo, hi = -1e6, 1e6
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10 * max(1.0, abs(mid)):
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_ci(values: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: the mean of ``values`` and its two-sided Student-t confidence
+    interval at level ``conf`` (the repeats of one measurement). One value: lo = hi = mean
+    (no spread measured, not a claim of none). NaNs are dropped."""
+    if not 0.0 < conf < 1.0:
+        raise ValueError(f"mean_ci: conf must be in (0, 1), got {conf}")
+    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not xs:
+        return (math.nan, math.nan, math.nan)
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return (m, m, m)
+    half = t_quantile(0.5 + conf / 2.0, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return (m, m - half, m + half)
+
+
+def ci_columns(df: pd.DataFrame, by: Sequence[str], value: str,
+               conf: float = 0.95) -> pd.DataFrame:
+    """Per group of ``by``: ``<value>`` (mean), ``<value>_lo``, ``<value>_hi`` and ``n``
+    over the rows (repeats) of ``df``."""
+    rows = []
+    for key, g in df.groupby(list(by), sort=False):
+        keys = key if isinstance(key, tuple) else (key,)
+        m, lo, hi = mean_ci(g[value].tolist(), conf)
+        rows.append({**dict(zip(by, keys, strict=True)), value: m, f"{value}_lo": lo,
+                     f"{value}_hi": hi, "n": len(g)})
+    return pd.DataFrame(rows)
+
+
+def exit_code(ok: bool, flags: Sequence[Flag], strict: bool) -> int:
+    """A bench command's exit status: 1 when the run failed (``ok`` False, e.g. not lossless),
+    2 when ``strict`` and any flag was raised, else 0."""
+    if not ok:
+        return 1
+    return 2 if strict and flags else 0
