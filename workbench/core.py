@@ -77,6 +77,7 @@ class Request:
     spec_capable: bool = False
     generator: torch.Generator | None = None
     finish_reason: str | None = None
+    matched_stop: int | str | None = None  # finish_reason "stop": the stop token id or string
     error: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     emitted_from_draft: list[bool] = field(default_factory=list)
@@ -163,6 +164,8 @@ class RequestOutput:
     error: str | None = None
     lossless: bool = True
     from_draft: list[bool] = field(default_factory=list)
+    # finish_reason "stop": the stop token id (EOS or stop_token_ids) or stop string matched
+    matched_stop: int | str | None = None
 
 
 @dataclass(frozen=True)
