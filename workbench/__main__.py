@@ -159,8 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--assistant", default="data/models/wb-assistant",
                    help="small draft LM for transformers assisted generation (peers)")
     b.add_argument("--repeats", type=int, default=1,
-                   help="concurrency/threshold: run every (level, arm) cell this many times, "
-                        "arm order rotated per repeat (means reported)")
+                   help="run every measurement this many times (concurrency/threshold: every "
+                        "(level, arm) cell, arm order rotated); means with 95%% confidence "
+                        "intervals reported")
+    b.add_argument("--strict", action="store_true",
+                   help="exit 2 when the run is flagged (load > cores, self-inconsistent "
+                        "numbers: workbench.bench.sanity)")
+    b.add_argument("--engine", default="", metavar="KEY=VALUE,...",
+                   help="EngineConfig overrides, e.g. gemm=dense,compile=off,threads=2 "
+                        "(forced choices instead of the measured 'auto')")
     b.add_argument("--tau", type=float, default=5.0,
                    help="shapes: the accept length to simulate (random-weight pairs)")
     b.add_argument("--levels", default=None, metavar="C1,C2,...",

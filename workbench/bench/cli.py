@@ -10,6 +10,13 @@
   (``workbench.bench.shapes``): which pair shape this machine needs for a given speedup.
 
 Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-prompts``).
+
+Every result records the machine (``workbench.bench.machine``), the load average before and
+after, and the sanity flags of ``workbench.bench.sanity`` (load > cores, self-inconsistent
+numbers); flagged rows carry the flag codes in a ``flags`` column, and ``--strict`` makes a
+flagged run exit 2. ``--repeats`` adds 95 % confidence intervals; ``--engine KEY=VALUE,...``
+forces EngineConfig fields (e.g. ``gemm=dense``) instead of the measured "auto" choices, whose
+outcome (``Engine.choices``) is printed and saved with the results.
 """
 
 from __future__ import annotations
@@ -41,6 +48,37 @@ def _prompts(ns: argparse.Namespace) -> list[str]:
     return prompts
 
 
+def _engine_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+    """``--engine gemm=dense,threads=2`` → {"gemm": "dense", "threads": 2} (errors name the
+    flag and the field)."""
+    from workbench.config import EngineConfig
+
+    raw = str(getattr(ns, "engine", "") or "").strip()
+    out: dict[str, Any] = {}
+    if not raw:
+        return out
+    fields = EngineConfig.__dataclass_fields__
+    for part in raw.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in fields:
+            raise ConfigError(f"--engine: {part!r} is not KEY=VALUE with KEY an EngineConfig "
+                              f"field ({', '.join(sorted(fields))})")
+        v: Any = value.strip()
+        default = getattr(EngineConfig(), key)
+        if isinstance(default, bool):
+            if v.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ConfigError(f"--engine {key}: expected true/false, got {value!r}")
+            v = v.lower() in ("true", "1", "on")
+        elif isinstance(default, int) or key in ("max_model_len",):
+            try:
+                v = int(v)
+            except ValueError:
+                raise ConfigError(f"--engine {key}: expected an integer, got {value!r}") from None
+        out[key] = v
+    return out
+
+
 def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
             kv_budget_tokens: int | None = None) -> Any:
     import workbench as wb
@@ -57,6 +95,9 @@ def _engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
         print(f"note: no draft at {draft}; running the baseline only")
         draft = None
     cfg = wb.EngineConfig(max_batch_size=max(64, max_batch))
+    over = _engine_overrides(ns)
+    if over:
+        cfg = dataclasses.replace(cfg, **over)
     if kv_budget_tokens is not None:
         cfg = dataclasses.replace(cfg, kv_budget_tokens=kv_budget_tokens)
     return wb.Engine.from_pretrained(target, draft=draft, config=cfg)
@@ -89,6 +130,41 @@ def _show(title: str, df: pd.DataFrame) -> None:
     print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
+def _choices(engine: Any) -> dict[str, Any]:
+    """The engine's measured / forced choices (``Engine.choices``), printed once."""
+    ch = dict(getattr(engine, "choices", None) or {})
+    if ch:
+        shown = [f"{k}={v.get('choice', v) if isinstance(v, dict) else v}"
+                 for k, v in ch.items()]
+        print("engine choices: " + ", ".join(shown))
+    return ch
+
+
+def _stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
+           extra: dict[str, Any] | None = None) -> None:
+    """Add machine, load, flags (and ``extra``, e.g. the engine's choices) to a saved JSON."""
+    import json
+
+    from workbench.bench.machine import machine_info
+    from workbench.bench.sanity import report
+
+    doc = json.loads(json_path.read_text()) if json_path.is_file() else {}
+    machine = doc.get("machine") or machine_info()
+    doc.update(report(flags, load, machine))
+    doc.update(extra or {})
+    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def _finish(ns: argparse.Namespace, ok: bool, flags: list[Any]) -> int:
+    from workbench.bench.sanity import exit_code, print_flags
+
+    print_flags(flags)
+    code = exit_code(ok, flags, bool(getattr(ns, "strict", False)))
+    if code == 2:
+        print("--strict: the run is flagged; exit 2")
+    return code
+
+
 def _levels(ns: argparse.Namespace) -> tuple[int, ...]:
     from workbench.bench.concurrency import LEVELS
 
@@ -109,28 +185,37 @@ def _max_new(ns: argparse.Namespace) -> int:
 
 
 def bench_spec(ns: argparse.Namespace) -> int:
+    from workbench.bench.sanity import mark
     from workbench.bench.spec import run_spec_bench
     from workbench.config import SpecConfig
 
     prompts = _prompts(ns)
+    repeats = _repeats(ns)
     engine = _engine(ns, need_draft=False)
     try:
+        choices = _choices(engine)
         arms: dict[str, SpecConfig | None] | None = \
             None if engine.draft is not None else {"baseline": None}
-        res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=_max_new(ns))
+        res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=_max_new(ns),
+                             repeats=repeats)
     finally:
         engine.close()
-    _show("EAGLE-3 vs baseline, bs=1, greedy", res.summary)
-    print(f"\nresults: {res.save(ns.out)}")
-    return 0 if res.summary["lossless"].all() else 1
+    flags = res.flags()
+    _show("EAGLE-3 vs baseline, bs=1, greedy", mark(res.summary, flags))
+    path = res.save(ns.out)
+    _stamp(path, flags, res.machine.get("load"), {"engine_choices": choices})
+    print(f"\nresults: {path}")
+    return _finish(ns, bool(res.summary["lossless"].all()), flags)
 
 
 def bench_peers(ns: argparse.Namespace) -> int:
     import json
 
     from workbench.bench.peers import run_peers
+    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
 
     shape = _spec(ns)
+    repeats = _repeats(ns)
     prompts = _prompts(ns)
     engine = _engine(ns, need_draft=False)
     try:
@@ -145,11 +230,17 @@ def bench_peers(ns: argparse.Namespace) -> int:
             print(f"peers: {assistant} has another tokenizer than the target; "
                   "the assisted arm is left out")
             assistant = None
-        rows, summary, machine = run_peers(engine, prompts, max_new_tokens=_max_new(ns),
-                                           spec=spec, assistant=assistant)
+        choices = _choices(engine)
+        with LoadSampler() as load:
+            rows, summary, machine = run_peers(
+                engine, prompts, max_new_tokens=_max_new(ns), spec=spec, assistant=assistant,
+                repeats=repeats, compiled=not getattr(ns, "quick", False))
     finally:
         engine.close()
-    _show("peers, bs=1, greedy (ratios vs hf generate)", summary)
+    flags = sanity_flags(summary, load=load.as_dict())
+    summary = mark(summary, flags)
+    _show("peers, bs=1, greedy (ratios vs hf generate; startup_s: first call incl. compile)",
+          summary)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out / "peers_per_prompt.csv", index=False)
@@ -158,8 +249,9 @@ def bench_peers(ns: argparse.Namespace) -> int:
         {"machine": machine, "spec": ns.spec if spec is not None else None,
          "summary": json.loads(summary.to_json(orient="records"))},
         indent=2) + "\n")
+    _stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices})
     print(f"\nresults: {out / 'peers.json'}")
-    return 0
+    return _finish(ns, True, flags)
 
 
 def _arm_engines(ns: argparse.Namespace, engine: Any, arms: dict[str, Any],
@@ -200,6 +292,7 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     engine = _engine(ns, need_draft=False, max_batch=max(levels))
     engines: dict[str, Any] = {}
     try:
+        choices = _choices(engine)
         arms = default_arms(engine, spec=shape, flips=True)
         engines = _arm_engines(ns, engine, arms, prompts, levels)
         df = run_concurrency(engine, prompts, levels=levels, arms=arms,
@@ -209,11 +302,12 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
         engine.close()
         for e in engines.values():
             e.close()
-    cols = ["arm", "concurrency", "tok_s", "vs_baseline", "ttft_p50_ms", "ttft_p99_ms",
-            "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tau", "spec_share",
-            "lossless"]
+    cols = ["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "vs_baseline",
+            "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
+            "itl_p99_ms", "tau", "spec_share", "lossless", "flags"]
+    flags = _saved_flags(df)
     s = summarize(df)
-    _show("closed-loop concurrency sweep (greedy)", s[cols])
+    _show("closed-loop concurrency sweep (greedy)", s[[c for c in cols if c in s]])
     never = s[s["arm"] == "never"]
     if not never.empty:
         _show("K=0 tax (never vs baseline): whole-run tok/s and per steady-state step",
@@ -224,9 +318,23 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     if {"baseline", "eagle3"} <= set(s["arm"]):
         th = find_threshold(df)
         print(f"\ncrossover: {th.crossover} · suggested BatchThreshold({th.suggested_n})")
+    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices})
     print(f"\nresults: {df.attrs.get('saved')}")
     lossless = s["lossless"].dropna()
-    return 0 if bool(lossless.all()) else 1
+    return _finish(ns, bool(lossless.all()), flags)
+
+
+def _saved_flags(df: pd.DataFrame) -> list[Any]:
+    """The flags ``save_results`` wrote (and the ``flags`` column it added) back into ``df``."""
+    import json
+
+    from workbench.bench.sanity import Flag
+
+    saved = Path(df.attrs["saved"])
+    doc = json.loads(saved.read_text())
+    marked = pd.read_csv(saved.with_suffix(".csv"), keep_default_na=False)
+    df["flags"] = marked["flags"].tolist()
+    return [Flag(f["code"], f["message"], f["row"]) for f in doc.get("flags", [])]
 
 
 def bench_http(ns: argparse.Namespace) -> int:
@@ -234,17 +342,31 @@ def bench_http(ns: argparse.Namespace) -> int:
     import json
 
     from workbench.bench import http
-    from workbench.bench.machine import machine_info
+    from workbench.bench.machine import loadavg, machine_info
+    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
 
     prompts = _prompts(ns)
     rows = []
-    for c in _levels(ns):
-        n = max(2 * c, len(prompts))
-        plist = [prompts[i % len(prompts)] for i in range(n)]
-        res = http.run_http_bench(ns.url, plist, concurrency=c, max_new_tokens=_max_new(ns))
-        print(http.format_table(res))
-        rows.append({k: v for k, v in res.items() if k != "requests"})
+    with LoadSampler() as load:
+        for c in _levels(ns):
+            n = max(2 * c, len(prompts))
+            plist = [prompts[i % len(prompts)] for i in range(n)]
+            before = loadavg()
+            res = http.run_http_bench(ns.url, plist, concurrency=c,
+                                      max_new_tokens=_max_new(ns))
+            after = loadavg()
+            print(http.format_table(res))
+            rows.append({k: v for k, v in res.items() if k != "requests"}
+                        | {"load_before": before[0] if before else None,
+                           "load_after": after[0] if after else None})
     df = pd.DataFrame(rows)
+    # the server may run on another machine: only the client-side load is known here
+    view = df.rename(columns={"output_throughput": "tok_s", "p50_itl_ms": "itl_p50_ms",
+                              "accept_length": "tau"})
+    flags = sanity_flags(view[[c for c in ("concurrency", "tok_s", "itl_p50_ms", "tau",
+                                           "load_before", "load_after") if c in view]],
+                         load=load.as_dict())
+    df = mark(df, flags)
     cols = ["concurrency", "completed", "failed", "output_throughput", "p50_ttft_ms",
             "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms",
             "accept_length"]
@@ -255,8 +377,9 @@ def bench_http(ns: argparse.Namespace) -> int:
     rows_json = json.loads(df.to_json(orient="records"))
     (out / "concurrency_http.json").write_text(json.dumps(
         {"machine": machine_info(), "url": ns.url, "rows": rows_json}, indent=2) + "\n")
+    _stamp(out / "concurrency_http.json", flags, load.as_dict())
     print(f"\nresults: {out / 'concurrency_http.json'}")
-    return 0 if int(df["failed"].sum()) == 0 else 1
+    return _finish(ns, int(df["failed"].sum()) == 0, flags)
 
 
 def bench_threshold(ns: argparse.Namespace) -> int:
@@ -268,6 +391,7 @@ def bench_threshold(ns: argparse.Namespace) -> int:
     engine = _engine(ns, need_draft=True, max_batch=max(levels))
     engines: dict[str, Any] = {}
     try:
+        choices = _choices(engine)
         arms = {"baseline": None, "eagle3": shape}
         engines = _arm_engines(ns, engine, arms, prompts, levels)
         df = run_concurrency(engine, prompts, levels=levels, arms=arms,
@@ -277,13 +401,15 @@ def bench_threshold(ns: argparse.Namespace) -> int:
         engine.close()
         for e in engines.values():
             e.close()
+    flags = _saved_flags(df)
     th = find_threshold(df)
     _show("baseline vs eagle3 output tok/s by concurrency", th.table)
     where = "never (eagle3 wins at every level)" if th.crossover is None else \
         f"at concurrency {th.crossover}"
     print(f"\nbaseline catches up {where}; suggested BatchThreshold({th.suggested_n})")
+    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices})
     print(f"results: {df.attrs.get('saved')}")
-    return 0
+    return _finish(ns, True, flags)
 
 
 def bench_shapes(ns: argparse.Namespace) -> int:
@@ -297,13 +423,29 @@ def bench_shapes(ns: argparse.Namespace) -> int:
     pairs = {}
     if ns.draft and (Path(ns.draft) / "config.json").is_file():
         pairs["shipped (trained)"] = (ns.model, ns.draft)
-    df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=_max_new(ns),
-                    tokenizer_from=ns.model, pairs=pairs)
+    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+
+    with LoadSampler() as load:
+        df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=_max_new(ns),
+                        tokenizer_from=ns.model, pairs=pairs, repeats=_repeats(ns),
+                        engine_config=_engine_config(ns))
+    flags = sanity_flags(df, load=load.as_dict())
+    df = mark(df, flags)
     _show(f"speedup vs target shape at a simulated accept length (random weights; "
           f"{df.attrs['config']['spec']}, bs=1 greedy)",
           df.drop(columns=["layers", "hidden", "random"]))
-    print(f"\nresults: {save_shapes(df, ns.out)}")
-    return 0
+    path = save_shapes(df, ns.out)
+    _stamp(path, flags, load.as_dict())
+    print(f"\nresults: {path}")
+    return _finish(ns, True, flags)
+
+
+def _engine_config(ns: argparse.Namespace) -> Any:
+    """EngineConfig with the ``--engine`` overrides (None when there are none)."""
+    import workbench as wb
+
+    over = _engine_overrides(ns)
+    return dataclasses.replace(wb.EngineConfig(), **over) if over else None
 
 
 COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,

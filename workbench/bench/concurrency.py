@@ -38,7 +38,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.machine import machine_info
+from workbench.bench.machine import loadavg, machine_info
+from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
 from workbench.spec.policy import Always, BatchThreshold, Decision, Never, PolicyContext, RandomFlip
 
@@ -312,6 +313,7 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
             _closed_loop(eng[a], prompts[:1], spec, 1, 1, wsp)
     names = list(arms)
     rows = []
+    load = LoadSampler().start()
     cells = [(c, r) for c in levels for r in range(repeats)]
     bar = tqdm(total=len(cells) * len(names), desc="bench concurrency", unit="run",
                disable=not progress)
@@ -321,6 +323,7 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
         if "baseline" in order:  # the reference outputs come first
             order = ["baseline"] + [a for a in order if a != "baseline"]
         ref: dict[int, list[int]] | None = None
+        before = loadavg()
         if engines is not None:
             bar.set_postfix_str(f"c={c} interleaved")
             runs = _interleaved(eng, prompts, arms, order, c, n_req, sp)
@@ -330,19 +333,24 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
                 bar.set_postfix_str(f"c={c} {arm}")
                 runs[arm] = _closed_loop(engine, prompts, arms[arm], c, n_req, sp)
                 bar.update(1)
+        after = loadavg()
         for arm in order:
             run = runs[arm]
             if arm == "baseline":
                 ref = run.outputs
             same = None if ref is None else all(
                 ref.get(i, ids) == ids for i, ids in run.outputs.items())
-            rows.append({"arm": arm, "repeat": r, **run.row, "lossless": same})
+            rows.append({"arm": arm, "repeat": r, **run.row, "lossless": same,
+                         "load_before": before[0] if before else float("nan"),
+                         "load_after": after[0] if after else float("nan")})
         if engines is not None:
             bar.update(len(order))
     bar.close()
+    load.stop()
     df = pd.DataFrame(rows)
     df = _add_ratios(df)
     df.attrs["machine"] = machine_info()
+    df.attrs["load"] = load.as_dict()
     df.attrs["config"] = {"levels": list(levels), "max_new_tokens": max_new_tokens,
                           "prompts": len(prompts), "repeats": repeats,
                           "requests_per_level": requests_per_level,
@@ -364,13 +372,25 @@ def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean over repeats: one row per (arm, concurrency)."""
-    num = [c for c in df.columns if c not in ("arm", "concurrency", "repeat", "lossless")]
+def summarize(df: pd.DataFrame, conf: float = 0.95) -> pd.DataFrame:
+    """Mean over repeats: one row per (arm, concurrency). With more than one repeat also
+    ``tok_s_lo/hi`` and ``vs_baseline_lo/hi``: Student-t confidence intervals at ``conf``
+    (``workbench.bench.sanity.mean_ci``); a ``flags`` column is kept (joined codes)."""
+    skip = ("arm", "concurrency", "repeat", "lossless", "flags")
+    num = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])]
     g = df.groupby(["arm", "concurrency"], sort=False)
     s = g[num].mean()
     s["lossless"] = g["lossless"].agg(lambda x: bool(x.dropna().all()) if x.notna().any()
                                       else None)
+    if "repeat" in df and df["repeat"].nunique() > 1:
+        for col in ("tok_s", "vs_baseline"):
+            if col in df:
+                ci = g[col].agg(lambda x: mean_ci(x.tolist(), conf))
+                s[f"{col}_lo"] = [c[1] for c in ci]
+                s[f"{col}_hi"] = [c[2] for c in ci]
+    if "flags" in df:
+        s["flags"] = g["flags"].agg(lambda x: ",".join(sorted({c for v in x if v
+                                                               for c in str(v).split(",")})))
     return s.reset_index()
 
 
@@ -426,10 +446,17 @@ def save_results(df: pd.DataFrame, folder: str | Path, name: str = "concurrency"
     """``<name>.csv`` (all rows) and ``<name>.json`` (machine, config, rows, derived tables)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    load = df.attrs.get("load")
+    flags = sanity_flags(summarize(df), load=load)
+    flags += [f for f in sanity_flags(df[[c for c in ("arm", "concurrency", "repeat",
+                                                        "load_before", "load_after")
+                                          if c in df]])
+              if f.row is not None]  # per-cell load
+    df = mark(df, flags)
     df.to_csv(out / f"{name}.csv", index=False)
-    doc: dict[str, Any] = {"machine": df.attrs.get("machine", machine_info()),
-                           "config": df.attrs.get("config", {}),
-                           "rows": json.loads(df.to_json(orient="records"))}
+    doc: dict[str, Any] = report(flags, load, df.attrs.get("machine", machine_info()))
+    doc["config"] = df.attrs.get("config", {})
+    doc["rows"] = json.loads(df.to_json(orient="records"))
     arms = set(df["arm"])
     if {"baseline", "eagle3"} <= arms:
         th = find_threshold(df)

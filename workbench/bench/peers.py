@@ -3,7 +3,15 @@
 * ``hf generate``: transformers ``generate`` (the reference implementation);
 * ``hf prompt lookup``: transformers prompt-lookup decoding (``prompt_lookup_num_tokens``);
 * ``hf assisted``: transformers assisted generation with a small draft LM (when given);
+* ``hf static compiled``: transformers' fastest bs=1 mode — a static KV cache
+  (``generation_config.cache_implementation = "static"``) and ``torch.compile(model.forward,
+  mode="reduce-overhead", fullgraph=True)`` — the strongest peer, not the easiest;
 * ``workbench``: our baseline; ``workbench eagle3``: our EAGLE-3 (when a draft is loaded).
+
+``startup_s`` is each arm's first call (the warm-up), which for the compiled peer includes the
+compile; ``compile_s`` is that minus the arm's steady per-prompt time (start-up matters to a
+notebook user). With ``repeats`` > 1 the summary has 95 % confidence intervals of tok/s and of
+the ratio to ``hf generate`` over the repeats.
 """
 
 from __future__ import annotations
@@ -23,10 +31,18 @@ from workbench.config import SamplingParams, SpecConfig
 
 def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
               assistant: str | Path | None = None,
-              spec: SpecConfig | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """Returns (per-prompt rows, summary with ratios vs ``hf generate``, machine info)."""
+              spec: SpecConfig | None = None, repeats: int = 1,
+              compiled: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """Returns (per-prompt rows, summary with ratios vs ``hf generate``, machine info).
+
+    ``compiled``: include the ``hf static compiled`` peer (its compile takes minutes on a
+    small CPU; the CLI leaves it out with ``--quick``)."""
     from transformers import AutoModelForCausalLM
 
+    from workbench.bench.sanity import mean_ci
+
+    if repeats < 1:
+        raise ValueError(f"run_peers: repeats must be >= 1, got {repeats}")
     hf = AutoModelForCausalLM.from_pretrained(str(engine.model_path),
                                               dtype=torch.float32).eval()
     tok = engine.tokenizer
@@ -37,25 +53,35 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
     hf_kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
                  pad_token_id=tok.eos_token_id)
 
-    def hf_run(p: str, **extra: Any) -> list[int]:
+    def hf_run(p: str, model: Any = hf, **extra: Any) -> list[int]:
         ids = torch.tensor([tok.encode(p, add_special_tokens=False)])
         with torch.inference_mode():
-            out = hf.generate(ids, **hf_kw, **extra)
+            out = model.generate(ids, **hf_kw, **extra)
         return out[0, ids.shape[1]:].tolist()
 
     arms: dict[str, Callable[[str], list[int]]] = {
         "hf generate": hf_run,
         "hf prompt lookup": lambda p: hf_run(p, prompt_lookup_num_tokens=10),
-        "workbench": lambda p: engine.generate([p], sp)[0].token_ids,
     }
+    if compiled:
+        hfc = AutoModelForCausalLM.from_pretrained(str(engine.model_path),
+                                                   dtype=torch.float32).eval()
+        hfc.generation_config.cache_implementation = "static"
+        hfc.forward = torch.compile(hfc.forward, mode="reduce-overhead", fullgraph=True)
+        arms["hf static compiled"] = lambda p: hf_run(p, model=hfc)
+    arms["workbench"] = lambda p: engine.generate([p], sp)[0].token_ids
     if asst is not None:
         arms["hf assisted"] = lambda p: hf_run(p, assistant_model=asst)
     if spec is not None and engine.draft is not None:
         arms["workbench eagle3"] = lambda p: engine.generate([p], sp, spec=spec)[0].token_ids
-    for fn in arms.values():  # warm-up
+    startup: dict[str, float] = {}
+    for name, fn in arms.items():  # warm-up; the first call of a compiled arm compiles
+        t0 = time.perf_counter()
         fn(prompts[0])
+        startup[name] = time.perf_counter() - t0
     rows = []
-    for i, p in enumerate(tqdm(prompts, desc="bench peers", unit="prompt")):
+    todo = [(r, i, p) for r in range(repeats) for i, p in enumerate(prompts)]
+    for r, i, p in tqdm(todo, desc="bench peers", unit="prompt"):
         ref: list[int] | None = None
         for name, fn in arms.items():
             t0 = time.perf_counter()
@@ -64,8 +90,8 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
             if ref is None:
                 ref = ids
             n = min(len(ids), len(ref))
-            rows.append({"prompt": i, "arm": name, "tokens": len(ids), "seconds": dt,
-                         "tok_s": len(ids) / dt, "same_as_hf": ids[:n] == ref[:n]})
+            rows.append({"repeat": r, "prompt": i, "arm": name, "tokens": len(ids),
+                         "seconds": dt, "tok_s": len(ids) / dt, "same_as_hf": ids[:n] == ref[:n]})
     df = pd.DataFrame(rows)
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
                                           same_as_hf=("same_as_hf", "all"))
@@ -73,4 +99,18 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
     g["vs_hf_generate"] = g["tok_s"] / g["tok_s"]["hf generate"]
     hf_best = g.loc[[a for a in g.index if a.startswith("hf")], "tok_s"].max()
     g["vs_best_hf"] = g["tok_s"] / hf_best
+    if "hf static compiled" in g.index:
+        g["vs_hf_compiled"] = g["tok_s"] / g["tok_s"]["hf static compiled"]
+    g["startup_s"] = [startup[a] for a in g.index]
+    per_prompt = df[df["repeat"] == 0].groupby("arm", sort=False)["seconds"].mean()
+    g["compile_s"] = [max(0.0, startup[a] - per_prompt[a]) for a in g.index]
+    if repeats > 1:
+        per = df.groupby(["arm", "repeat"], sort=False)[["tokens", "seconds"]].sum()
+        per["tok_s"] = per["tokens"] / per["seconds"]
+        for arm in g.index:
+            _, lo, hi = mean_ci(per.loc[arm, "tok_s"].tolist())
+            g.loc[arm, ["tok_s_lo", "tok_s_hi"]] = [lo, hi]
+            ratio = per.loc[arm, "tok_s"] / per.loc["hf generate", "tok_s"]
+            _, lo, hi = mean_ci(ratio.tolist())
+            g.loc[arm, ["vs_hf_generate_lo", "vs_hf_generate_hi"]] = [lo, hi]
     return df, g.reset_index(), machine_info()

@@ -46,13 +46,15 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
                spec: SpecConfig | None = None, max_new_tokens: int = 64,
                work: str | Path = "data/work/shapes", tokenizer_from: str | Path | None = None,
                engine_config: Any = None,
-               pairs: Mapping[str, tuple[str | Path, str | Path]] | None = None) -> pd.DataFrame:
+               pairs: Mapping[str, tuple[str | Path, str | Path]] | None = None,
+               repeats: int = 1) -> pd.DataFrame:
     """One row per shape (see the module docstring). ``spec`` gives (S, K, N) (default
     S5 K4 N16); ``tau`` in [1, S+1] is the posed accept length. Random pairs are cached under
     ``work``; ``tokenizer_from`` (a folder with tokenizer.json of a vocab that fits) is needed
     for text prompts. ``pairs`` (label → (target, draft) folders) adds rows for real
     checkpoints, run the same way first — e.g. the shipped pair, to check that random weights
-    cost what trained ones do."""
+    cost what trained ones do. ``repeats`` > 1 adds ``speedup_lo/hi`` (95 % CI over repeats).
+    ``engine_config`` forces EngineConfig fields (else the measured "auto" choices)."""
     import workbench as wb
 
     shapes = dict(SHAPES if shapes is None else shapes)
@@ -70,7 +72,8 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
             pair = random_pair(Path(work) / _slug(shape), shape, tokenizer_from=tokenizer_from)
         with wb.Engine.from_pretrained(pair[0], draft=pair[1], config=engine_config) as engine:
             res = run_spec_bench(engine, list(prompts), arms={"baseline": None, name: sim},
-                                 max_new_tokens=max_new_tokens, progress=False)
+                                 max_new_tokens=max_new_tokens, progress=False,
+                                 repeats=repeats)
             # step phases from a separate traced pass (tracing costs time of its own)
             sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
             with wb.trace(engine, events=["StepTiming"]) as tr:
@@ -85,6 +88,7 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
         plain_ms = float(plain["total_ms"].median())
         verify_ms = float(specs["verify_ms"].median())
         tau_seen = float(s.loc[name, "tau"])
+        ci = {k: float(s.loc[name, k]) for k in ("speedup_lo", "speedup_hi") if k in s}
         rows.append({
             "shape": label, "random": shape is not None, "layers": mc.num_hidden_layers,
             "hidden": mc.hidden_size, "params_m": _params(mc) / 1e6, "tau": tau_seen,
@@ -94,6 +98,7 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
             "plain_ms": plain_ms, "spec_ms": float(specs["total_ms"].median()),
             "draft_ms": float(specs["draft_ms"].median()), "verify_ms": verify_ms,
             "verify_ratio": verify_ms / plain_ms, "bound": tau_seen * plain_ms / verify_ms,
+            **ci,
         })
     df = pd.DataFrame(rows)
     df.attrs["machine"] = machine_info()

@@ -28,33 +28,59 @@ DEFAULT_ARMS: dict[str, SpecConfig | None] = {
 
 @dataclass(frozen=True)
 class SpecBenchResult:
+    """``per_prompt`` rows, per-arm ``summary`` and ``machine`` (with ``load`` before/after).
+    :meth:`flags` runs the sanity checks (``workbench.bench.sanity``) on the summary."""
+
     per_prompt: pd.DataFrame
     summary: pd.DataFrame
     machine: dict[str, Any]
 
+    def flags(self) -> list[Any]:
+        from workbench.bench.sanity import sanity_flags
+
+        return sanity_flags(self.summary, load=self.machine.get("load"))
+
     def save(self, folder: str | Path, name: str = "spec_bs1") -> Path:
+        """``<name>_per_prompt.csv``, ``<name>.csv`` (summary with a ``flags`` column) and
+        ``<name>.json`` (machine, load, flags, summary)."""
+        from workbench.bench.sanity import mark, report
+
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
+        flags = self.flags()
+        summary = mark(self.summary, flags)
         self.per_prompt.to_csv(out / f"{name}_per_prompt.csv", index=False)
-        self.summary.to_csv(out / f"{name}.csv", index=False)
-        (out / f"{name}.json").write_text(json.dumps(
-            {"machine": self.machine, "summary": self.summary.to_dict(orient="records")},
-            indent=2) + "\n")
+        summary.to_csv(out / f"{name}.csv", index=False)
+        doc = report(flags, self.machine.get("load"), self.machine)
+        doc["summary"] = json.loads(summary.to_json(orient="records"))
+        (out / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
         return out / f"{name}.json"
 
 
 def run_spec_bench(engine: Any, prompts: list[str],
                    arms: dict[str, SpecConfig | None] | None = None,
                    max_new_tokens: int = 128, warmup: int = 1,
-                   progress: bool = True) -> SpecBenchResult:
-    """bs=1 greedy. Rows: one per (prompt, arm) with tokens, seconds, tok/s, τ, lossless."""
+                   progress: bool = True, repeats: int = 1) -> SpecBenchResult:
+    """bs=1 greedy. Rows: one per (repeat, prompt, arm) with tokens, seconds, tok/s, τ,
+    lossless; arms interleaved per prompt (they share the machine's noise).
+
+    Summary per arm: summed tokens / seconds → ``tok_s``, ``speedup`` over baseline, τ, and
+    with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
+    over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
+    and after is in ``machine["load"]``."""
+    from workbench.bench.sanity import LoadSampler, mean_ci
+
+    if repeats < 1:
+        raise ValueError(f"run_spec_bench: repeats must be >= 1, got {repeats}")
     arms = arms or DEFAULT_ARMS
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     for spec in arms.values():  # warm-up: allocator, rotary tables, first-call overheads
         for p in prompts[:warmup]:
             engine.generate([p], sp, spec=spec)
     rows = []
-    for i, p in enumerate(tqdm(prompts, desc="bench spec", unit="prompt", disable=not progress)):
+    load = LoadSampler().start()
+    todo = [(r, i, p) for r in range(repeats) for i, p in enumerate(prompts)]
+    for r, i, p in tqdm(todo, desc="bench spec", unit="prompt", disable=not progress):
         base_ids: list[int] | None = None
         for name, spec in arms.items():
             t0 = time.perf_counter()
@@ -62,14 +88,28 @@ def run_spec_bench(engine: Any, prompts: list[str],
             dt = time.perf_counter() - t0
             if spec is None:
                 base_ids = out.token_ids
-            rows.append({"prompt": i, "arm": name, "tokens": len(out.token_ids), "seconds": dt,
-                         "tok_s": len(out.token_ids) / dt, "tau": out.metrics.accept_length,
-                         "verify_ct": out.metrics.verify_ct,
+            rows.append({"repeat": r, "prompt": i, "arm": name, "tokens": len(out.token_ids),
+                         "seconds": dt, "tok_s": len(out.token_ids) / dt,
+                         "tau": out.metrics.accept_length, "verify_ct": out.metrics.verify_ct,
                          "lossless": base_ids is not None and out.token_ids == base_ids})
+    load.stop()
     df = pd.DataFrame(rows)
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
                                           tau=("tau", "mean"), lossless=("lossless", "all"))
     g["tok_s"] = g["tokens"] / g["seconds"]
     base = g["tok_s"].get("baseline", float("nan"))
     g["speedup"] = g["tok_s"] / base
-    return SpecBenchResult(df, g.reset_index(), machine_info())
+    if repeats > 1:
+        per = df.groupby(["arm", "repeat"], sort=False)[["tokens", "seconds"]].sum()
+        per["tok_s"] = per["tokens"] / per["seconds"]
+        for arm in g.index:
+            ts = per.loc[arm, "tok_s"]
+            _, lo, hi = mean_ci(ts.tolist())
+            g.loc[arm, ["tok_s_lo", "tok_s_hi"]] = [lo, hi]
+            if "baseline" in g.index:
+                ratio = (ts / per.loc["baseline", "tok_s"]).tolist()
+                _, lo, hi = mean_ci(ratio)
+                g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
+    machine = machine_info()
+    machine["load"] = load.as_dict()
+    return SpecBenchResult(df, g.reset_index(), machine)
