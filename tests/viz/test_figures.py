@@ -78,9 +78,15 @@ def test_draft_tree_highlights_the_accepted_path() -> None:
     # Path segments: (0→1) and (1→3), each "x0, x1, None"; depth on x.
     assert list(tr["accepted path"].x) == [0, 1, None, 1, 2, None]
     assert sum(x is None for x in tr["edges"].x) == 6  # N - 1 edges
-    # The bonus sits one level after the last accepted node (depth 2 → 3) on its row.
+    # The bonus sits one level after the last accepted node (depth 2 → 3), on a row of its
+    # own below every drafted node: never on top of a rejected sibling (node 6 is at (3, 0)).
     assert list(tr["bonus (target)"].x) == [3.0] and list(tr["bonus (target)"].text) == ["99"]
-    assert tr["bonus (target)"].y[0] == tr["accepted"].y[1]
+    drafted = [(x, y) for name in ("drafted, not accepted", "accepted",
+                                   "root (last verified token)")
+               for x, y in zip(tr[name].x, tr[name].y, strict=True)]
+    assert tr["bonus (target)"].y[0] > max(y for _, y in drafted)
+    assert (tr["bonus (target)"].x[0], tr["bonus (target)"].y[0]) not in drafted
+    assert list(tr["bonus edge"].x) == [2.0, 3.0]  # from the last accepted node (depth 2)
     assert "τ = 3" in fig.layout.title.text and "7 nodes" in fig.layout.title.text
     lo, hi = fig.layout.xaxis.range
     assert lo < 0 and hi > 3  # room for the bonus column
@@ -250,10 +256,22 @@ def test_speedup_heatmap_facets_and_values() -> None:
     assert [t.type for t in fig.data] == ["heatmap", "heatmap"]
     s2, s4 = fig.data
     assert list(s2.x) == ["1", "2"] and list(s2.y) == ["4", "8"]
-    assert s2.z[0][1] == pytest.approx(1 + 0.2 - 0.1 + 0.04)
+    # colour = log2(speedup): 0.5× and 2× equally far from 1×; the text is the speedup
+    assert s2.z[0][1] == pytest.approx(math.log2(1 + 0.2 - 0.1 + 0.04))
     assert s4.z[1][1] is None  # the missing (S4, K2, N8) cell stays blank
-    assert s2.text[0][0] == f"{s2.z[0][0]:.2f}"
-    assert s2.zmin + s2.zmax == pytest.approx(2.0)  # diverging scale centred on 1.0
+    assert s2.text[0][0] == f"{2 ** s2.z[0][0]:.2f}×"
+    assert s2.zmin + s2.zmax == pytest.approx(0.0)  # symmetric in log space around 1×
+    ticks = list(s2.colorbar.ticktext)
+    assert "1×" in ticks and not any(t.startswith("-") for t in ticks)  # never below 0×
+    # axes and panels are titled in words, not column names
+    assert fig.layout.xaxis.title.text == "K (top-k branching)"
+    assert fig.layout.yaxis.title.text == "N (verified nodes)"
+    assert [a.text for a in fig.layout.annotations] == ["S = 2", "S = 4"]
+    flagged = df.assign(flags=["", "speedup_above_tau"] + [""] * (len(df) - 2))
+    ff = F.speedup_heatmap(flagged, x="topk", y="num_draft_tokens", value="speedup",
+                           facet="num_steps", flag="flags")
+    assert sum("⚠" in t for row in ff.data[0].text for t in row) == 1
+    assert "sanity flag" in ff.layout.title.text
     flat = F.speedup_heatmap(df, x="topk", y="num_steps", value="speedup", zmid=None)
     assert len(flat.data) == 1 and flat.data[0].colorscale[0][1] != s2.colorscale[0][1]
 
@@ -266,6 +284,11 @@ def test_speedup_bars() -> None:
     t = by_name(fig)
     assert list(t["speedup"].y) == [1.0, 1.3, 0.8] and list(t["τ"].y) == [1.0, 2.5, 3.0]
     assert list(t["speedup"].text) == ["1.00×", "1.30×", "0.80×"]
+    # τ in its own panel: the 1.0× line (a shape on the speedup axis) cannot read as a τ
+    assert t["τ"].xaxis == "x2" and t["τ"].yaxis == "y2"
+    assert [(sh.yref, sh.y0) for sh in fig.layout.shapes] == [("y", 1.0)]
+    assert not fig.layout.showlegend  # colours are explained by the panel titles
+    assert list(t["speedup"].marker.color) == [F.PLAIN, F.ACCEPTED, "#d62728"]
 
 
 def test_shape_speedups() -> None:
@@ -277,7 +300,9 @@ def test_shape_speedups() -> None:
     assert list(t["speedup"].y) == [1.8, 2.5] and list(t["speedup"].text) == ["1.80×", "2.50×"]
     assert list(t["bound: free drafting"].y) == [3.1, 3.3]
     assert list(t["verify / plain step"].y) == [1.5, 1.4]
-    assert fig.layout.yaxis.range[1] >= 3.3  # the bound and the 3× line stay in view
+    assert fig.layout.yaxis.range[1] >= 3.3  # the bound stays in view
+    # the verify ratio has its own panel and axis (no twin axis, no unexplained line)
+    assert t["verify / plain step"].xaxis == "x2" and not fig.layout.shapes
     with pytest.raises(ValueError, match="shape_speedups"):
         F.shape_speedups(df.drop(columns=["bound"]))
 
@@ -397,3 +422,67 @@ def test_concurrency_curves_x_range_covers_levels_only() -> None:
     lo, hi = fig.layout.xaxis.range
     assert lo < 0 < math.log10(16) < hi < math.log10(32)  # log10 units, annotations excluded
     assert tuple(fig.layout.xaxis2.range) == (lo, hi)
+
+
+def test_concurrency_curves_separate_log_latency_axes_and_one_label() -> None:
+    df = pd.concat([concurrency_table(), concurrency_table().assign(
+        arm="never", tok_s=lambda d: d.tok_s * 0.5)], ignore_index=True)
+    fig = F.concurrency_curves(df)
+    t = by_name(fig)
+    assert t["eagle3 ITL"].yaxis == "y2" and t["eagle3 TTFT"].yaxis == "y3"
+    assert fig.layout.yaxis2.type == "log" and fig.layout.yaxis3.type == "log"
+    # only the marked arm (eagle3) gets a crossover label, though never also crosses
+    assert sum("crossover" in a.text for a in fig.layout.annotations) == 1
+    assert [tr.name for tr in fig.data if tr.xaxis == "x"][-1] == "baseline"  # drawn on top
+    assert t["baseline"].line.color != t["never"].line.color
+    assert t["never"].line.dash == "dash" and t["baseline"].name == "baseline"
+
+
+def test_speedup_vs_batch_error_bars_and_flags() -> None:
+    df = pd.DataFrame({"arm": ["eagle3"] * 3, "concurrency": [1, 2, 4],
+                       "vs_baseline": [1.5, 1.1, 0.9], "vs_baseline_lo": [1.4, 1.0, 0.7],
+                       "vs_baseline_hi": [1.6, 1.2, 1.1], "n": [3, 3, 3],
+                       "flags": ["", "", "never_vs_baseline"]})
+    fig = F.speedup_vs_batch(df)
+    assert_dressed(fig)
+    (tr,) = fig.data
+    assert list(tr.error_y.array) == pytest.approx([0.1, 0.1, 0.2])
+    assert list(tr.marker.symbol) == ["circle", "circle", "circle-open"]
+
+
+def test_latency_cdf_and_percentiles() -> None:
+    samples = pd.DataFrame({"arm": ["baseline"] * 100 + ["eagle3"] * 100,
+                            "itl_ms": list(range(1, 101)) + [x / 2 for x in range(1, 101)]})
+    fig = F.latency_cdf(samples, "itl_ms")
+    assert_dressed(fig)
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert [t.name.split(":")[0] for t in lines] == ["eagle3", "baseline"]
+    assert list(lines[1].y)[-1] == 1.0 and fig.layout.xaxis.type == "log"
+    assert "p99 99.0" in lines[1].name
+
+
+def test_accept_rate_by_position_matches_vllm_counts() -> None:
+    verify = pd.DataFrame({"accept_length": [1, 2, 4, 3], "cat": ["a", "a", "b", "b"]})
+    a = F.accept_rate_by_position(verify)
+    # accepted draft tokens per step: 0, 1, 3, 2 → positions reached: 1: 3, 2: 2, 3: 1
+    assert a.accepted.tolist() == [3, 2, 1] and a.drafts.tolist() == [4, 4, 4]
+    assert a.alpha.tolist() == pytest.approx([0.75, 0.5, 0.25])
+    assert a.alpha_cond.tolist() == pytest.approx([0.75, 2 / 3, 0.5])
+    # τ = 1 + Σ_d α_d (the accepted tokens per step plus the bonus)
+    assert 1 + a.alpha.sum() == pytest.approx(verify.accept_length.mean())
+    g = F.accept_rate_by_position(verify, by="cat")
+    assert g[g.cat == "a"].accepted.tolist() == [1, 0, 0]
+    fig = F.alpha_by_position(g, by="cat")
+    assert_dressed(fig)
+    assert [t.name for t in fig.data] == ["a α", "a α|prev", "b α", "b α|prev"]
+
+
+def test_phase_breakdown_means(traced: tuple[RecordingTracer, list]) -> None:
+    rec, _ = traced
+    timing = rec.frame("timing")
+    fig = F.phase_breakdown(timing)
+    assert_dressed(fig)
+    t = by_name(fig)
+    spec = timing[timing["mode"] == "spec"]
+    idx = [y.split(" (")[0] for y in t["draft"].y].index("spec")
+    assert t["draft"].x[idx] == pytest.approx(spec["draft_ms"].mean())

@@ -25,8 +25,13 @@ def names(x: Explorer) -> list[str]:
 
 
 def test_step_button_draws_one_verified_tree(explorer: Explorer) -> None:
-    assert "press step" in explorer.tree.layout.annotations[0].text
+    assert "press step" in explorer.placeholder.value and explorer.tree is None
+    assert explorer.tree_box.children == (explorer.placeholder,)
     explorer.step_button.click()
+    # the placeholder leaves the box (the browser swaps the child): no stale message on a tree
+    assert explorer.tree_box.children == (explorer.tree,)
+    assert [t["name"] for t in explorer.tree._widget_data if t.get("name")][-1] == \
+        "bonus (target)"  # the saved state (what an exported page shows) is this tree
     (rep,) = explorer.reports
     # the first step also prefills, which samples the first token
     assert rep.verify_step is not None and rep.new_tokens == rep.accept_length + 1
@@ -39,9 +44,12 @@ def test_step_button_draws_one_verified_tree(explorer: Explorer) -> None:
     last = tree[tree.step == rep.verify_step]
     assert [0] + accepted == last[last.accepted].node.tolist()
     assert f"τ = {rep.accept_length}" in explorer.status.value
+    first_widget = explorer.tree
     explorer.step_button.click()
     second = explorer.reports[1]
     assert second.verify_step > rep.verify_step and second.new_tokens == second.accept_length
+    assert explorer.tree is not first_widget and explorer.tree_box.children == (explorer.tree,)
+    assert f"step {second.verify_step}," in explorer.tree.layout.title.text
 
 
 def test_run_is_lossless_and_finishes(explorer: Explorer, engine: wb.Engine) -> None:
@@ -79,7 +87,8 @@ def test_policy_off_then_on_mid_request(explorer: Explorer, engine: wb.Engine) -
     assert explorer.threshold.disabled
     explorer.step_button.click()
     assert explorer.reports[-1].verify_step is None
-    assert "plain decoding" in explorer.tree.layout.annotations[0].text
+    assert "plain decoding" in explorer.placeholder.value
+    assert explorer.tree_box.children == (explorer.placeholder,)
     explorer.policy.value = "BatchThreshold"
     assert not explorer.threshold.disabled
     explorer.threshold.value = 0  # decode batch 1 > 0: still plain
@@ -115,7 +124,7 @@ def test_engine_without_draft(micro_target: Path) -> None:
     assert x.policy.disabled and x.spec_config() is None
     x.run_button.click()
     assert x.finished and all(r.verify_step is None for r in x.reports)
-    assert "no draft tree" in x.tree.layout.annotations[0].text
+    assert "no draft tree" in x.placeholder.value and x.tree is None
     base.close()
 
 
@@ -126,8 +135,9 @@ def test_sweep_progress_live_plot() -> None:
         assert sp.bar.value == len(sp.rows)
     assert sp.bar.bar_style == "success"
     assert sp.widget.children[-1] is sp.figure  # frozen: the final figure is its initial state
-    assert [t["name"] for t in sp.figure._widget_data] == ["k=2", "k=0"]  # the saved state
-    assert [t.name for t in sp.figure.data] == ["k=2", "k=0"]
+    assert [t["name"] for t in sp.figure._widget_data] == ["2", "0"]  # the saved state
+    assert [t.name for t in sp.figure.data] == ["2", "0"]  # legend titled "k", not "k=2"
+    assert sp.figure.layout.legend.title.text == "k"
     assert list(sp.figure.data[1].x) == [4, 8] and list(sp.figure.data[1].y) == [2.0, 3.0]
     assert "4/4" in sp.label.value and "tau=3" in sp.label.value
     assert sp.frame().shape == (4, 3)

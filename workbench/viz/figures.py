@@ -10,9 +10,14 @@ function                   input
 ``acceptance_vs_conf``     ``frame("tree")``: acceptance rate vs the draft's own probability
 ``tau_histogram``          ``frame("verify")``: accept length τ per verify step (bonus included)
 ``phase_timeline``         ``frame("timing")`` or ``frame("timing_long")``: stacked ms per step
+``phase_breakdown``        ``frame("timing")``: mean ms per phase, spec vs plain steps
+``accept_rate_by_position`` ``frame("verify")`` → α_d table (vLLM per-position, EAGLE n-α)
+``alpha_by_position``      that table: α_d and conditional α per draft position
 ``speedup_heatmap``        any table with x, y, value (and an optional facet) columns
 ``speedup_bars``           ``run_spec_bench(...).summary``: tok/s ratio and τ per arm
 ``concurrency_curves``     concurrency sweep table (see :data:`CONCURRENCY_COLUMNS`)
+``speedup_vs_batch``       per (arm, concurrency) speedup with ``_lo``/``_hi`` intervals
+``latency_cdf``            latency samples (ms): empirical CDF per arm, p50/p99
 ``policy_timeline``        ``frame("policy")``: decode batch, speculate or not, step time
 ``init_stages``            ``frame("init")``: engine init stages and their status
 ``warm_vs_cold``           ``bench.concurrency.switch_costs``: cost of switching, warm vs cold
@@ -125,7 +130,8 @@ def draft_tree(tree_df: pd.DataFrame, step: int, rid: int, tokenizer: Any = None
     Traces, in order: ``edges`` (all parent→child lines), ``accepted path`` (the accepted
     root→leaf path, thick), ``drafted, not accepted``, ``accepted`` (accepted draft nodes),
     ``root (last verified token)`` and, when the tree was verified, ``bonus edge`` and
-    ``bonus (target)`` (the target's own next token after the last accepted node, dashed).
+    ``bonus (target)`` (the target's own next token after the last accepted node, dashed; drawn
+    one depth further on a row below every drafted node, so it never covers a sibling).
     Hover: node, token text, draft prob, target prob, score. ``customdata`` of the node traces
     holds the node indices (-1 for the bonus).
     """
@@ -181,7 +187,9 @@ def draft_tree(tree_df: pd.DataFrame, step: int, rid: int, tokenizer: Any = None
     if verified:
         last = max((i for i in range(len(nodes)) if accepted[i]), key=lambda i: pos[i][0])
         bonus_tok = int(t["target_token"].iloc[last])
-        bx, by = pos[last][0] + 1, pos[last][1]
+        # The bonus gets a row of its own below every drafted node: at (depth+1, same row) it
+        # would sit on a rejected child of the last accepted node (labels overprinted).
+        bx, by = pos[last][0] + 1, max(p[1] for p in pos) + 1
         fig.add_trace(go.Scatter(x=[pos[last][0], bx], y=[pos[last][1], by],
                                  mode="lines", line=dict(color=TARGET, width=2, dash="dash"),
                                  hoverinfo="skip", showlegend=False, name="bonus edge"))
@@ -193,7 +201,7 @@ def draft_tree(tree_df: pd.DataFrame, step: int, rid: int, tokenizer: Any = None
             marker=dict(size=12, symbol="diamond", color=TARGET)))
     n_acc = sum(accepted) - 1
     max_depth = max(p[0] for p in pos)
-    rows = max(p[1] for p in pos)
+    rows = max(p[1] for p in pos) + (1 if verified else 0)
     sub = (f"τ = {n_acc + 1} ({n_acc} accepted + bonus)" if verified else "not verified")
     fig.update_xaxes(title="depth (draft step)", range=[-0.5, max_depth + 1.6], dtick=1,
                      zeroline=False)
@@ -284,19 +292,26 @@ def acceptance_vs_confidence(tree_df: pd.DataFrame, bins: int = 10, width: int =
         centers.append((lo + hi) / 2)
         counts.append(len(sel))
         rates.append(float(sel["accepted"].mean()) if len(sel) else None)
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Bar(x=centers, y=counts, name="nodes", marker_color="#e0e0e0",
-                         width=1 / bins * 0.9), secondary_y=True)
-    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated",
-                             line=dict(color="#999999", dash="dot")), secondary_y=False)
+    # Counts get their own panel below: as bars behind the line they hid the diagonal.
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.72, 0.28],
+                        vertical_spacing=0.06)
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="calibrated (diagonal)",
+                             line=dict(color="#555555", dash="dot")), row=1, col=1)
     fig.add_trace(go.Scatter(x=centers, y=rates, mode="lines+markers", name="acceptance",
-                             line=dict(color=ACCEPTED, width=3)), secondary_y=False)
-    fig.update_xaxes(title="draft probability of the node", range=[0, 1])
-    fig.update_yaxes(title="share accepted", range=[0, 1.05], secondary_y=False)
-    fig.update_yaxes(title="nodes", secondary_y=True, showgrid=False, rangemode="tozero",
-                     tickformat="d", tickmode="auto")
+                             customdata=counts, line=dict(color=ACCEPTED, width=3),
+                             hovertemplate="draft p %{x:.2f}: %{y:.3f} accepted "
+                                           "(%{customdata} nodes)<extra></extra>"),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=centers, y=counts, name="nodes", marker_color=REJECTED,
+                         width=1 / bins * 0.9, showlegend=False,
+                         hovertemplate="%{y} nodes<extra></extra>"), row=2, col=1)
+    fig.update_xaxes(range=[0, 1], row=1, col=1)
+    fig.update_xaxes(title="draft probability of the node", range=[0, 1], row=2, col=1)
+    fig.update_yaxes(title="share accepted", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title="nodes", rangemode="tozero", tickformat="d", row=2, col=1)
     return _layout(fig, "Is the draft's confidence informative? (nodes under an accepted parent)",
-                   width, height)
+                   width, max(height, 480), legend=dict(orientation="h", y=1.0, x=0,
+                                                        yanchor="bottom"))
 
 
 def tau_histogram(verify_df: pd.DataFrame, by: str | None = None, width: int = WIDTH,
@@ -426,94 +441,162 @@ def init_stages(init_df: pd.DataFrame, width: int = WIDTH, height: int = 380) ->
 
 # ---- benchmarks ---------------------------------------------------------------------------
 
+# Axis titles for the columns the notebooks plot (a raw column name is not an axis title).
+LABELS = {"num_steps": "S (draft steps)", "topk": "K (top-k branching)",
+          "num_draft_tokens": "N (verified nodes)", "speedup": "speedup (× baseline)",
+          "tau": "τ (tokens per verify)", "concurrency": "concurrent requests",
+          "tok_s": "tok/s", "vs_baseline": "tok/s ÷ baseline's", "temperature": "temperature",
+          "category": "prompt category"}
+SHORT = {"num_steps": "S", "topk": "K", "num_draft_tokens": "N"}
+FLAG_MARK = "⚠"
+
+
+def label(col: str) -> str:
+    """Human axis title for a column (``num_draft_tokens`` → ``N (verified nodes)``)."""
+    return LABELS.get(col, col.replace("_", " "))
+
+
+def _ratio_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Colour-bar ticks for a log2-coloured ratio: the powers of two (and 1.5×) in range."""
+    cands = [0.125, 0.25, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0]
+    vals = [c for c in cands if lo - 1e-9 <= math.log2(c) <= hi + 1e-9] or [1.0]
+    return [math.log2(v) for v in vals], [f"{v:g}×" for v in vals]
+
 
 def speedup_heatmap(df: pd.DataFrame, x: str, y: str, value: str, facet: str | None = None,
-                    zmid: float | None = 1.0, fmt: str = ".2f", width: int = WIDTH,
-                    height: int = HEIGHT) -> go.Figure:
+                    zmid: float | None = 1.0, fmt: str = ".2f", flag: str | None = None,
+                    width: int = WIDTH, height: int = HEIGHT) -> go.Figure:
     """Heatmap of ``value`` over ``x`` × ``y`` (mean of duplicates), one panel per ``facet``.
 
     E.g. ``speedup_heatmap(df, x="topk", y="num_draft_tokens", value="speedup",
-    facet="num_steps")`` over S × K × N. Missing cells stay blank. ``zmid`` centres a
-    diverging colour scale (1.0 for a speedup: red slower, blue faster); ``None`` for a
-    sequential scale. One ``go.Heatmap`` trace per panel, cell text = the value.
+    facet="num_steps")`` over S × K × N. Missing cells stay blank. With ``zmid`` (a ratio such
+    as a speedup, centred on 1.0) the colour is log2(value / zmid) on a diverging scale
+    symmetric in log space (0.5× and 2× equally far from 1×; a ratio cannot go below 0, so
+    the colour bar is labelled in ×, never negative); ``None``: a sequential scale on the raw
+    value. ``flag`` names a column of sanity flags (comma-separated codes, "" when clean): a
+    flagged cell shows ⚠ after its value and the codes on hover. One ``go.Heatmap`` per panel;
+    cell text = the value. Axis and panel titles come from :data:`LABELS`.
     """
-    _require(df, [x, y, value] + ([facet] if facet else []), "speedup_heatmap")
+    _require(df, [x, y, value] + ([facet] if facet else []) + ([flag] if flag else []),
+             "speedup_heatmap")
     panels = [(None, df)] if facet is None else [(k, g) for k, g in df.groupby(facet)]
+    short = SHORT.get(facet or "", label(facet or ""))
     fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True,
-                        subplot_titles=[f"{facet} = {k}" for k, _ in panels] if facet else None,
+                        subplot_titles=[f"{short} = {k}" for k, _ in panels] if facet else None,
                         horizontal_spacing=0.04)
-    lo, hi = float(df[value].min()), float(df[value].max())
+    vals = df[value].astype(float)
     if zmid is not None:
-        span = max(abs(hi - zmid), abs(zmid - lo), 1e-9)
-        lo, hi = zmid - span, zmid + span
+        if (vals <= 0).any():
+            raise ValueError(f"speedup_heatmap: {value} must be > 0 for a ratio scale")
+        logs = [math.log2(v / zmid) for v in vals]
+        span = max(max(abs(v) for v in logs), 0.05)
+        lo, hi = -span, span
+    else:
+        lo, hi = float(vals.min()), float(vals.max())
     xs = sorted(df[x].unique())
     ys = sorted(df[y].unique())
     for i, (_, g) in enumerate(panels):
         grid = g.pivot_table(index=y, columns=x, values=value, aggfunc="mean")
         grid = grid.reindex(index=ys, columns=xs)
-        z = [[None if v != v else float(v) for v in row] for row in grid.to_numpy()]
-        text = [["" if v is None else format(v, fmt) for v in row] for row in z]
+        raw = [[None if v != v else float(v) for v in row] for row in grid.to_numpy()]
+        flags = [["" for _ in xs] for _ in ys]
+        if flag:
+            for r in g.itertuples():
+                codes = str(getattr(r, flag) or "")
+                if codes:
+                    fi, fj = ys.index(getattr(r, y)), xs.index(getattr(r, x))
+                    flags[fi][fj] = ",".join(filter(None, [flags[fi][fj], codes]))
+        z = raw if zmid is None else [[None if v is None else math.log2(v / zmid) for v in row]
+                                      for row in raw]
+        text = [["" if v is None else format(v, fmt) + ("×" if zmid is not None else "") +
+                 (f" {FLAG_MARK}" if f else "") for v, f in zip(row, frow, strict=True)]
+                for row, frow in zip(raw, flags, strict=True)]
+        custom = [[[("" if v is None else format(v, fmt)), f or "none"]
+                   for v, f in zip(row, frow, strict=True)] for row, frow in zip(raw, flags,
+                                                                                  strict=True)]
+        bar = dict(title=label(value))
+        if zmid is not None:
+            tv, tt = _ratio_ticks(lo + math.log2(zmid), hi + math.log2(zmid))
+            bar.update(tickvals=[v - math.log2(zmid) for v in tv], ticktext=tt)
         fig.add_trace(go.Heatmap(z=z, x=[str(v) for v in xs], y=[str(v) for v in ys], text=text,
-                                 texttemplate="%{text}", zmin=lo, zmax=hi,
+                                 texttemplate="%{text}", zmin=lo, zmax=hi, customdata=custom,
                                  colorscale="RdBu" if zmid is not None else "Viridis",
-                                 showscale=i == 0, colorbar=dict(title=value),
-                                 hovertemplate=f"{x} %{{x}}<br>{y} %{{y}}<br>{value} %{{z:{fmt}}}"
-                                               "<extra></extra>"),
+                                 showscale=i == 0, colorbar=bar,
+                                 hovertemplate=f"{SHORT.get(x, x)} %{{x}}, {SHORT.get(y, y)} "
+                                               f"%{{y}}<br>{label(value)} %{{customdata[0]}}"
+                                               "<br>flags: %{customdata[1]}<extra></extra>"),
                       row=1, col=i + 1)
-        fig.update_xaxes(title=x, type="category", row=1, col=i + 1)
-    fig.update_yaxes(title=y, type="category", row=1, col=1)
-    title = f"{value} over {x} × {y}" + (f" × {facet}" if facet else "")
+        fig.update_xaxes(title=label(x), type="category", row=1, col=i + 1)
+    fig.update_yaxes(title=label(y), type="category", row=1, col=1)
+    title = f"{label(value)} over {SHORT.get(x, x)} × {SHORT.get(y, y)}" + \
+        (f" × {SHORT.get(facet, facet)}" if facet else "")
+    if flag and (df[flag].astype(str) != "").any():
+        title += f" · {FLAG_MARK} = sanity flag (hover)"
     return _layout(fig, title, width, height)
 
 
 def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT) -> go.Figure:
-    """Per arm of ``run_spec_bench(...).summary`` (columns arm, speedup, tau, tok_s): bars of
-    the tok/s ratio to the baseline (trace ``speedup``) and markers of τ on a second axis
-    (trace ``τ``). A dashed line marks 1.0×."""
+    """Per arm of ``run_spec_bench(...).summary`` (columns arm, speedup, tau; optional
+    ``speedup_lo``/``speedup_hi`` for error bars): two panels side by side, each with its own
+    axis — left the tok/s ratio to the baseline (trace ``speedup``; green faster, red slower,
+    grey the baseline; dashed line at 1.0×), right τ per arm (trace ``τ``)."""
     _require(summary, ("arm", "speedup", "tau"), "speedup_bars")
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.6, 0.4],
+                        subplot_titles=("speedup (tok/s ÷ baseline's)",
+                                        "τ (tokens per verify step)"))
     colors = [PLAIN if a == "baseline" else ACCEPTED if s >= 1 else "#d62728"
               for a, s in zip(summary["arm"], summary["speedup"], strict=True)]
+    err = None
+    if {"speedup_lo", "speedup_hi"} <= set(summary.columns):
+        err = dict(type="data", symmetric=False,
+                   array=(summary["speedup_hi"] - summary["speedup"]).tolist(),
+                   arrayminus=(summary["speedup"] - summary["speedup_lo"]).tolist(),
+                   color="#333333")
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["speedup"], name="speedup",
                          marker_color=colors, text=[f"{v:.2f}×" for v in summary["speedup"]],
-                         textposition="outside"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=summary["arm"], y=summary["tau"], name="τ", mode="markers",
-                             marker=dict(symbol="diamond", size=13, color=TARGET)),
-                  secondary_y=True)
-    fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"))
-    top = float(summary["speedup"].max())
-    fig.update_yaxes(title="tok/s relative to baseline", range=[0, max(1.2, top * 1.2)],
-                     secondary_y=False)
-    fig.update_yaxes(title="τ (tokens per verify)", rangemode="tozero", secondary_y=True,
-                     showgrid=False, tickmode="auto")
+                         textposition="outside", error_y=err, showlegend=False,
+                         hovertemplate="%{x}: %{y:.3f}×<extra></extra>"), row=1, col=1)
+    fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"), row=1, col=1,
+                  annotation_text="baseline 1.0×", annotation_position="top left")
+    fig.add_trace(go.Bar(x=summary["arm"], y=summary["tau"], name="τ", marker_color=TARGET,
+                         text=[f"{v:.2f}" for v in summary["tau"]], textposition="outside",
+                         showlegend=False, hovertemplate="%{x}: τ %{y:.2f}<extra></extra>"),
+                  row=1, col=2)
+    top = float((summary["speedup_hi"] if err else summary["speedup"]).max())
+    fig.update_yaxes(title="× baseline tok/s", range=[0, max(1.2, top * 1.2)], row=1, col=1)
+    fig.update_yaxes(title="τ", range=[0, float(summary["tau"].max()) * 1.2 + 0.1], row=1,
+                     col=2)
     fig.update_xaxes(title="arm")
-    return _layout(fig, "EAGLE-3 vs baseline: speedup and accept length", width, height)
+    return _layout(fig, "EAGLE-3 vs baseline: speedup and accept length", width, height,
+                   showlegend=False)
 
 
 def shape_speedups(df: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT) -> go.Figure:
     """Per row of ``workbench.bench.shapes.run_shapes`` (columns shape, speedup, bound,
-    verify_ratio): bars of the measured speedup (trace ``speedup``), markers of the bound with
-    drafting free (trace ``bound: free drafting``), and the verify/plain step ratio on a second
-    axis (trace ``verify / plain step``). Dashed line: 3.0×, the paper-style goal."""
+    verify_ratio). Left panel: measured speedup (bars, trace ``speedup``) and the bound with
+    drafting free, τ / verify_ratio (markers, trace ``bound: free drafting``). Right panel,
+    its own axis: what verifying N tokens costs in plain steps (trace ``verify / plain
+    step``)."""
     _require(df, ("shape", "speedup", "bound", "verify_ratio"), "shape_speedups")
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.62, 0.38],
+                        subplot_titles=("speedup at the posed τ", "verify step ÷ plain step"))
     fig.add_trace(go.Bar(x=df["shape"], y=df["speedup"], name="speedup", marker_color=ACCEPTED,
                          text=[f"{v:.2f}×" for v in df["speedup"]], textposition="outside"),
-                  secondary_y=False)
+                  row=1, col=1)
     fig.add_trace(go.Scatter(x=df["shape"], y=df["bound"], name="bound: free drafting",
                              mode="markers", marker=dict(symbol="line-ew-open", size=28,
                                                          color="#d62728", line=dict(width=3))),
-                  secondary_y=False)
-    fig.add_trace(go.Scatter(x=df["shape"], y=df["verify_ratio"], name="verify / plain step",
-                             mode="lines+markers", marker=dict(color=TARGET)), secondary_y=True)
-    fig.add_hline(y=3.0, line=dict(color="#555555", dash="dash"))
-    top = float(max(df["bound"].max(), df["speedup"].max(), 3.0))
-    fig.update_yaxes(title="tok/s relative to baseline", range=[0, top * 1.15],
-                     secondary_y=False)
-    fig.update_yaxes(title="verify step / plain step", rangemode="tozero", secondary_y=True,
-                     showgrid=False)
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=df["shape"], y=df["verify_ratio"], name="verify / plain step",
+                         marker_color=TARGET, text=[f"{v:.2f}" for v in df["verify_ratio"]],
+                         textposition="outside"), row=1, col=2)
+    top = float(max(df["bound"].max(), df["speedup"].max()))
+    fig.update_yaxes(title="tok/s ÷ baseline's", range=[0, top * 1.15], row=1, col=1)
+    fig.update_yaxes(title="plain steps per verify", range=[0, float(df["verify_ratio"].max())
+                                                             * 1.2], row=1, col=2)
     fig.update_xaxes(title="target shape (layers × width)")
-    return _layout(fig, "Speedup at a fixed accept length, by target shape", width, height)
+    return _layout(fig, "Speedup at a fixed accept length, by target shape", width, height,
+                   legend=dict(orientation="h", y=-0.25, x=0))
 
 
 # Columns ``concurrency_curves`` reads. Latencies may be in ms (``*_ms``, preferred: the
@@ -521,8 +604,35 @@ def shape_speedups(df: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT) -
 CONCURRENCY_COLUMNS = {
     "required": ("arm", "concurrency", "tok_s"),
     "latency": ("itl_p50_ms", "ttft_p50_ms", "itl_p99_ms", "ttft_p99_ms"),
-    "optional": ("tau", "spec_share"),
+    "optional": ("tau", "spec_share", "tok_s_lo", "tok_s_hi"),
 }
+
+# One look per arm, the same in every figure: the baseline is a thick black line drawn last
+# (on top), ``never`` (same tokens as the baseline, drafting off) a dashed grey one.
+ARM_STYLE: dict[str, dict[str, Any]] = {
+    "baseline": dict(color="#111111", width=3.5, dash="solid"),
+    "eagle3": dict(color="#2ca02c", width=2.5, dash="solid"),
+    "never": dict(color="#9e9e9e", width=2, dash="dash"),
+    "threshold": dict(color="#1f77b4", width=2.5, dash="solid"),
+    "goodput": dict(color="#ff7f0e", width=2.5, dash="solid"),
+    "flip_warm": dict(color="#9467bd", width=1.5, dash="dot"),
+    "flip_cold": dict(color="#8c564b", width=1.5, dash="dot"),
+}
+_EXTRA = ("#d62728", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+_EXTRA_DASH = ("solid", "dashdot", "longdash", "dot")
+
+
+def arm_style(arm: str, i: int = 0) -> dict[str, Any]:
+    """Line style (color, width, dash) of an arm: :data:`ARM_STYLE`, else distinct extras."""
+    if arm in ARM_STYLE:
+        return dict(ARM_STYLE[arm])
+    return dict(color=_EXTRA[i % len(_EXTRA)], width=2.5,
+                dash=_EXTRA_DASH[(i // len(_EXTRA)) % len(_EXTRA_DASH)])
+
+
+def _arm_order(arms: list[str], baseline: str) -> list[str]:
+    """Draw order: the baseline last, so no other arm hides it."""
+    return [a for a in arms if a != baseline] + ([baseline] if baseline in arms else [])
 
 
 def _latency_ms(df: pd.DataFrame, name: str) -> pd.Series | None:
@@ -563,42 +673,51 @@ def crossovers(df: pd.DataFrame, baseline: str = "baseline",
     return out
 
 
-def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline", width: int = 1000,
-                       height: int = 460) -> go.Figure:
+def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline",
+                       mark: Sequence[str] = ("eagle3",), width: int = 1100,
+                       height: int = 440) -> go.Figure:
     """Throughput and latency vs concurrency for every arm, crossover marked.
 
     ``df``: one row per (arm, concurrency) with the columns of :data:`CONCURRENCY_COLUMNS`
     (``workbench.bench.concurrency`` writes arm, concurrency, tok_s, ttft_p50_ms, ttft_p99_ms,
-    itl_p50_ms, itl_p99_ms, tau, spec_share). Left panel: tok/s, one trace per arm. Right panel:
-    ITL p50 (solid) per arm, and TTFT p50 (dotted, ``<arm> TTFT``) when present. x is log2.
-    Each arm that falls below ``baseline`` gets a dashed vertical line and a
-    ``crossover ≈ c`` annotation (see :func:`crossovers`).
+    itl_p50_ms, itl_p99_ms, tau, spec_share; optional ``tok_s_lo``/``tok_s_hi`` draw error
+    bars). Three panels, each on its own axis: tok/s (traces named by arm), ITL p50
+    (``<arm> ITL``, log scale) and TTFT p50 (``<arm> TTFT``, log scale); x is log2. Each arm
+    keeps one style (:func:`arm_style`) and the baseline is drawn last. Only the arms in
+    ``mark`` that fall below ``baseline`` get a crossover line and one label each (see
+    :func:`crossovers`), stacked so they never overlap.
     """
     _require(df, CONCURRENCY_COLUMNS["required"], "concurrency_curves")
     arms = list(dict.fromkeys(df["arm"]))
     itl = _latency_ms(df, "itl_p50")
     ttft = _latency_ms(df, "ttft_p50")
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
-                        subplot_titles=("throughput", "latency (p50)"))
-    for i, arm in enumerate(arms):
-        color = ARM_COLORS[i % len(ARM_COLORS)]
-        sel = df["arm"] == arm
-        g = df[sel].sort_values("concurrency")
-        extra = g["spec_share"] if "spec_share" in g else None
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07,
+                        subplot_titles=("throughput (all requests)", "inter-token latency p50",
+                                        "time to first token p50"))
+    for i, arm in enumerate(_arm_order(arms, baseline)):
+        st = arm_style(str(arm), i)
+        line = dict(color=st["color"], width=st["width"], dash=st["dash"])
+        g = df[df["arm"] == arm].sort_values("concurrency")
+        err = None
+        if {"tok_s_lo", "tok_s_hi"} <= set(g.columns):
+            err = dict(type="data", symmetric=False, array=(g["tok_s_hi"] - g["tok_s"]).tolist(),
+                       arrayminus=(g["tok_s"] - g["tok_s_lo"]).tolist(), color=st["color"],
+                       thickness=1.2, width=4)
         fig.add_trace(go.Scatter(x=g["concurrency"], y=g["tok_s"], mode="lines+markers",
-                                 name=str(arm), legendgroup=str(arm), line=dict(color=color),
-                                 customdata=extra,
+                                 name=str(arm), legendgroup=str(arm), line=line, error_y=err,
                                  hovertemplate="c=%{x}: %{y:.0f} tok/s<extra>" +
                                                html.escape(str(arm)) + "</extra>"),
                       row=1, col=1)
         if itl is not None:
             fig.add_trace(go.Scatter(x=g["concurrency"], y=itl[g.index], mode="lines+markers",
                                      name=f"{arm} ITL", legendgroup=str(arm), showlegend=False,
-                                     line=dict(color=color)), row=1, col=2)
+                                     line=line, hovertemplate="c=%{x}: ITL %{y:.1f} ms<extra>"
+                                     + html.escape(str(arm)) + "</extra>"), row=1, col=2)
         if ttft is not None:
-            fig.add_trace(go.Scatter(x=g["concurrency"], y=ttft[g.index], mode="lines",
+            fig.add_trace(go.Scatter(x=g["concurrency"], y=ttft[g.index], mode="lines+markers",
                                      name=f"{arm} TTFT", legendgroup=str(arm), showlegend=False,
-                                     line=dict(color=color, dash="dot")), row=1, col=2)
+                                     line=line, hovertemplate="c=%{x}: TTFT %{y:.0f} ms<extra>"
+                                     + html.escape(str(arm)) + "</extra>"), row=1, col=3)
     # explicit range (log10 units): annotations would otherwise stretch the autorange
     cs = [float(c) for c in df["concurrency"] if c > 0]
     lo, hi = (math.log10(min(cs)), math.log10(max(cs))) if cs else (0.0, 1.0)
@@ -606,19 +725,173 @@ def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline", width: int 
     fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2),
                      range=[lo - pad, hi + pad])
     if baseline in arms:
-        for arm, c in crossovers(df, baseline).items():
-            if c is None:
-                continue
+        marked = [(a, c) for a, c in crossovers(df, baseline).items() if a in mark and c]
+        for k, (arm, c) in enumerate(marked):
             # on a log axis a shape takes data coordinates but an annotation takes log10
-            fig.add_vline(x=c, line=dict(color="#d62728", dash="dash"), row=1, col=1)
+            fig.add_vline(x=c, line=dict(color=arm_style(arm)["color"], dash="dash"),
+                          row=1, col=1)
             right = math.log10(c) > (lo + hi) / 2  # label on the side with room
-            fig.add_annotation(x=math.log10(c), y=0.97, yref="y domain", xref="x",
+            fig.add_annotation(x=math.log10(c), y=0.04 + 0.09 * k, yref="y domain", xref="x",
                                text=f" {arm}: crossover ≈ {c:.1f} ", showarrow=False,
-                               xanchor="right" if right else "left", yanchor="top",
-                               font=dict(color="#d62728"))
-    fig.update_yaxes(title="tok/s (all requests)", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="ms (solid ITL, dotted TTFT)", rangemode="tozero", row=1, col=2)
-    return _layout(fig, "Throughput and latency vs concurrency", width, height)
+                               xanchor="right" if right else "left", yanchor="bottom",
+                               bgcolor="rgba(255,255,255,0.85)",
+                               font=dict(color=arm_style(arm)["color"], size=11))
+    fig.update_yaxes(title="tok/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="ms (log)", type="log", row=1, col=2)
+    fig.update_yaxes(title="ms (log)", type="log", row=1, col=3)
+    return _layout(fig, "Throughput and latency vs concurrency", width, height,
+                   legend=dict(orientation="h", y=-0.22, x=0), margin=dict(l=60, r=20, t=70,
+                                                                           b=100))
+
+
+def speedup_vs_batch(df: pd.DataFrame, value: str = "vs_baseline", baseline: str = "baseline",
+                     width: int = WIDTH, height: int = HEIGHT) -> go.Figure:
+    """Speedup over the baseline against concurrency, one line per arm, with confidence
+    intervals: ``df`` has arm, concurrency, ``<value>`` (mean over repeats) and optionally
+    ``<value>_lo``/``<value>_hi`` (e.g. ``bench.sanity.ci_columns``) and ``n`` (repeats, in the
+    hover) and ``flags`` (sanity codes; a flagged point is drawn as an open ⚠ marker). The
+    baseline is the dashed 1.0× line."""
+    _require(df, ("arm", "concurrency", value), "speedup_vs_batch")
+    fig = go.Figure()
+    arms = [a for a in dict.fromkeys(df["arm"]) if a != baseline]
+    for i, arm in enumerate(arms):
+        st = arm_style(str(arm), i)
+        g = df[df["arm"] == arm].sort_values("concurrency")
+        err = None
+        if {f"{value}_lo", f"{value}_hi"} <= set(g.columns):
+            err = dict(type="data", symmetric=False,
+                       array=(g[f"{value}_hi"] - g[value]).tolist(),
+                       arrayminus=(g[value] - g[f"{value}_lo"]).tolist(), color=st["color"],
+                       thickness=1.5, width=5)
+        flagged = (g["flags"].astype(str) != "").tolist() if "flags" in g else [False] * len(g)
+        n = g["n"].tolist() if "n" in g else [1] * len(g)
+        codes = g["flags"].astype(str).replace("", "none").tolist() if "flags" in g else \
+            ["none"] * len(g)
+        fig.add_trace(go.Scatter(
+            x=g["concurrency"], y=g[value], mode="lines+markers", name=str(arm), error_y=err,
+            line=dict(color=st["color"], width=st["width"], dash=st["dash"]),
+            marker=dict(size=[12 if f else 8 for f in flagged],
+                        symbol=["circle-open" if f else "circle" for f in flagged]),
+            customdata=list(zip(n, codes, strict=True)),
+            hovertemplate="c=%{x}: %{y:.3f}× (n=%{customdata[0]})<br>flags: %{customdata[1]}"
+                          "<extra>" + html.escape(str(arm)) + "</extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#111111", dash="dash"),
+                  annotation_text="baseline", annotation_position="bottom right")
+    fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2))
+    fig.update_yaxes(title="tok/s ÷ baseline's (95 % CI over repeats)")
+    return _layout(fig, "Speedup vs batch size (mean and 95 % interval over repeats; open "
+                        "marker = sanity flag)", width, height)
+
+
+def latency_cdf(samples: pd.DataFrame, metric: str, by: str = "arm", log_x: bool = True,
+                width: int = WIDTH, height: int = 400) -> go.Figure:
+    """Empirical CDF of one latency ``metric`` (a column in ms, e.g. ``ttft_ms``) from a table
+    of samples (one row per token gap or request), one line per group of ``by``; p50 and p99
+    of each group in its legend entry and as markers. x is log scale by default (latencies span
+    decades between a plain step and a queued first token)."""
+    _require(samples, (by, metric), "latency_cdf")
+    fig = go.Figure()
+    groups = list(dict.fromkeys(samples[by]))
+    for i, key in enumerate(_arm_order(groups, "baseline")):
+        xs = np.sort(samples.loc[samples[by] == key, metric].dropna().to_numpy(dtype=float))
+        if not len(xs):
+            continue
+        st = arm_style(str(key), i)
+        ys = np.arange(1, len(xs) + 1) / len(xs)
+        p50, p99 = float(np.percentile(xs, 50)), float(np.percentile(xs, 99))
+        name = f"{key}: p50 {p50:.1f} · p99 {p99:.1f} ms"
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=str(key),
+                                 line=dict(color=st["color"], width=st["width"],
+                                           dash=st["dash"], shape="hv"),
+                                 hovertemplate="%{x:.1f} ms: %{y:.1%}<extra>" +
+                                               html.escape(str(key)) + "</extra>"))
+        fig.add_trace(go.Scatter(x=[p50, p99], y=[0.5, 0.99], mode="markers",
+                                 name=f"{key} p50/p99", legendgroup=str(key), showlegend=False,
+                                 marker=dict(color=st["color"], size=9, symbol="x")))
+    fig.update_xaxes(title=f"{metric.removesuffix('_ms').upper()} (ms" +
+                     (", log)" if log_x else ")"), type="log" if log_x else "linear")
+    fig.update_yaxes(title="share of samples ≤ x", range=[0, 1.02], tickformat=".0%")
+    return _layout(fig, f"{metric.removesuffix('_ms').upper()} distribution (CDF; × = p50, p99)",
+                   width, height)
+
+
+def accept_rate_by_position(verify_df: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
+    """α_d per draft position from ``frame("verify")`` (one row per verify step; a step
+    accepted ``accept_length - 1`` draft tokens, a prefix of the drafted path).
+
+    Columns: [``by``,] ``position`` (1-based), ``drafts`` (verify steps), ``accepted`` (steps
+    whose accepted path reached that position — vLLM's ``num_accepted_tokens_per_pos``),
+    ``alpha`` = accepted / drafts (vLLM's per-position acceptance rate) and ``alpha_cond`` =
+    accepted at d / accepted at d-1 (the EAGLE papers' n-α: acceptance given the previous
+    token was accepted; NaN when no step reached d-1).
+    """
+    _require(verify_df, ("accept_length",) + ((by,) if by else ()), "accept_rate_by_position")
+    groups = [(None, verify_df)] if by is None else list(verify_df.groupby(by, sort=False))
+    top = int(verify_df["accept_length"].max()) - 1 if len(verify_df) else 0
+    rows = []
+    for key, g in groups:
+        acc = (g["accept_length"].to_numpy(dtype=int) - 1)
+        prev = len(acc)
+        for d in range(1, max(top, 0) + 1):
+            n = int((acc >= d).sum())
+            rows.append({**({by: key} if by else {}), "position": d, "drafts": len(acc),
+                         "accepted": n, "alpha": n / len(acc) if len(acc) else math.nan,
+                         "alpha_cond": n / prev if prev else math.nan})
+            prev = n
+    import pandas as pd
+
+    cols = ([by] if by else []) + ["position", "drafts", "accepted", "alpha", "alpha_cond"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def alpha_by_position(alpha_df: pd.DataFrame, by: str | None = None, width: int = WIDTH,
+                      height: int = HEIGHT) -> go.Figure:
+    """α_d from :func:`accept_rate_by_position`: left panel ``alpha`` (share of verify steps
+    reaching position d), right panel ``alpha_cond`` (acceptance at d given d-1 accepted),
+    one line per group of ``by`` (traces ``<group> α`` and ``<group> α|prev``)."""
+    _require(alpha_df, ("position", "alpha", "alpha_cond"), "alpha_by_position")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("α_d: share of verify steps accepting position d",
+                                        "n-α: accepted at d given d−1 accepted"))
+    groups = [("all", alpha_df)] if by is None else list(alpha_df.groupby(by, sort=False))
+    for i, (key, g) in enumerate(groups):
+        color = ACCEPTED if by is None else ARM_COLORS[i % len(ARM_COLORS)]
+        for col, what, suffix in ((1, "alpha", "α"), (2, "alpha_cond", "α|prev")):
+            fig.add_trace(go.Scatter(x=g["position"], y=g[what], mode="lines+markers",
+                                     name=f"{key} {suffix}", legendgroup=str(key),
+                                     showlegend=col == 1, line=dict(color=color, width=2.5),
+                                     customdata=g[["accepted", "drafts"]].to_numpy(),
+                                     hovertemplate="position %{x}: %{y:.3f} (%{customdata[0]} "
+                                                   "of %{customdata[1]} steps)<extra>" +
+                                                   html.escape(str(key)) + "</extra>"),
+                          row=1, col=col)
+    fig.update_xaxes(title="draft position d", dtick=1)
+    fig.update_yaxes(title="acceptance rate", range=[0, 1.05])
+    return _layout(fig, "Acceptance per draft position", width, height)
+
+
+def phase_breakdown(timing_df: pd.DataFrame, width: int = WIDTH,
+                    height: int = 320) -> go.Figure:
+    """Mean ms per step and phase (``frame("timing")``), speculative vs plain steps, as one
+    stacked horizontal bar per mode (trace per phase, DESIGN.md §4 order): where a step's time
+    goes on average — draft, verify, accept, commit. The title gives the step counts."""
+    _require(timing_df, ("mode", *(f"{p}_ms" for p in TIMING_PHASES)), "phase_breakdown")
+    means = timing_df.groupby("mode")[[f"{p}_ms" for p in TIMING_PHASES]].mean()
+    counts = timing_df.groupby("mode").size()
+    modes = list(means.index)
+    fig = go.Figure()
+    for p in TIMING_PHASES:
+        ys = means[f"{p}_ms"].tolist()
+        fig.add_trace(go.Bar(y=[f"{m} ({counts[m]} steps)" for m in modes], x=ys,
+                             orientation="h", name="extend / plain decode" if p == "extend"
+                             else p, marker_color=PHASE_COLORS[p],
+                             text=[f"{v:.1f}" if v >= 0.05 * max(means.sum(axis=1)) else ""
+                                   for v in ys], textposition="inside",
+                             hovertemplate="%{y}: " + p + " %{x:.2f} ms<extra></extra>"))
+    fig.update_xaxes(title="mean ms per step")
+    return _layout(fig, "Where a step's time goes, on average", width, height,
+                   barmode="stack", legend=dict(orientation="h", y=-0.35, x=0),
+                   margin=dict(l=160, r=30, t=60, b=90))
 
 
 def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
@@ -652,25 +925,28 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
 
 def training_curves(history: Sequence[dict[str, Any]], width: int = WIDTH,
                     height: int = HEIGHT) -> go.Figure:
-    """``train_draft`` summary ``history`` (rows: step, loss, acc list per TTT step): loss
-    (trace ``loss``, left axis) and accuracy of each unrolled step (``acc step j``, right)."""
+    """``train_draft`` summary ``history`` (rows: step, loss, acc list per TTT step), in two
+    panels with their own axes: loss (trace ``loss``, left) and the top-1 agreement of each
+    unrolled step (``acc step j``, right, 0–1)."""
     if not history:
         raise ValueError("training_curves: empty history")
     steps = [h["step"] for h in history]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1,
+                        subplot_titles=("training-time-test loss",
+                                        "top-1 agreement with the target, per unrolled step"))
     fig.add_trace(go.Scatter(x=steps, y=[h["loss"] for h in history], name="loss",
                              mode="lines+markers", line=dict(color="#333333", width=3)),
-                  secondary_y=False)
+                  row=1, col=1)
     n_acc = len(history[0].get("acc", []))
     for j in range(n_acc):
         fig.add_trace(go.Scatter(x=steps, y=[h["acc"][j] for h in history], name=f"acc step {j}",
-                                 mode="lines", line=dict(color=ARM_COLORS[j % len(ARM_COLORS)])),
-                      secondary_y=True)
+                                 mode="lines+markers",
+                                 line=dict(color=ARM_COLORS[j % len(ARM_COLORS)])), row=1, col=2)
     fig.update_xaxes(title="training step")
-    fig.update_yaxes(title="TTT loss", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title="top-1 agreement with the target", range=[0, 1], secondary_y=True,
-                     showgrid=False, tickmode="auto")
-    return _layout(fig, "Draft head training (training-time test)", width, height)
+    fig.update_yaxes(title="loss", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title="agreement", range=[0, 1], row=1, col=2)
+    return _layout(fig, f"Draft head training (training-time test, {len(history)} points)",
+                   width, height)
 
 
 # ---- text ---------------------------------------------------------------------------------

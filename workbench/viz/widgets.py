@@ -47,8 +47,14 @@ class Explorer:
     (``Always``, ``BatchThreshold`` with its threshold, ``off`` = the ``Never`` policy, which
     keeps the draft warm so speculation can come back), max new tokens; buttons ``step``
     (advance to the next verify step and redraw the tree), ``run`` (to the end) and ``reset``.
-    The tree is a ``plotly.graph_objects.FigureWidget`` (``.tree``); the text so far is coloured
-    by source (``.text``). Setting changes apply from the next step on. Lossless: greedy
+    The tree is a ``plotly.graph_objects.FigureWidget`` (``.tree``, None until the first
+    verified step) shown in ``.tree_box``; until then, and on a plain step, the box holds
+    ``.placeholder`` (an HTML message) instead. Each redraw puts a *new* FigureWidget built
+    from the tree into the box (and closes the old one): the browser swaps the box's child, so
+    no stale placeholder can survive in the view (plotly's widget view ignores removed layout
+    properties), and a saved or exported notebook shows the latest tree (a FigureWidget's saved
+    state is the figure it was created with). The text so far is coloured by source
+    (``.text``). Setting changes apply from the next step on. Lossless: greedy
     output equals the baseline's whatever the settings, which the tests check.
 
     ``Explorer(engine)`` displays itself as the last expression of a cell (``.widget``).
@@ -83,7 +89,10 @@ class Explorer:
                                      tooltip="abort the request; the next step starts afresh")
         self.status = W.HTML()
         self.text = W.HTML()
-        self.tree = go.FigureWidget(self._empty_tree("press step to draft a tree"))
+        self.placeholder = W.HTML(self._message("press step to draft a tree"))
+        self.tree: go.FigureWidget | None = None
+        self.tree_box = W.Box([self.placeholder],
+                              layout=W.Layout(min_height="120px", width=f"{figures.WIDTH}px"))
         self.topk.observe(self._on_shape, names="value")
         self.num_steps.observe(self._on_shape, names="value")
         self.policy.observe(self._on_policy, names="value")
@@ -106,7 +115,7 @@ class Explorer:
             W.HBox([self.step_button, self.run_button, self.reset_button]),
             self.status,
         ])
-        self.widget = W.VBox([controls, self.tree, self.text])
+        self.widget = W.VBox([controls, self.tree_box, self.text])
 
     # -- settings ---------------------------------------------------------------------------
     def _on_shape(self, change: Any = None) -> None:
@@ -196,7 +205,7 @@ class Explorer:
         self.rid = None
         self.events = []
         self.reports = []
-        self._show(self._empty_tree("press step to draft a tree"))
+        self._show(None, "press step to draft a tree")
         self.text.value = ""
         self._set_status("reset")
 
@@ -222,10 +231,10 @@ class Explorer:
         tree = self.tree_frame()
         last = next((r for r in reversed(self.reports) if r.verify_step is not None), None)
         if last is not None and not tree.empty:
-            fig = figures.draft_tree(tree, last.verify_step, self.rid, self.engine.tokenizer)
+            self._show(figures.draft_tree(tree, last.verify_step, self.rid,
+                                          self.engine.tokenizer))
         else:
-            fig = self._empty_tree("plain decoding: no draft tree this step")
-        self._show(fig)
+            self._show(None, "plain decoding: no draft tree this step")
         out = self.engine.output(self.rid)
         tok = self.engine.tokenizer
         prompt = self.prompt.value if tok is not None else ""
@@ -239,26 +248,27 @@ class Explorer:
                          f"this step τ = {tau} · mean τ = {mean} over {len(verifies)} "
                          f"verify steps")
 
-    def _show(self, fig: go.Figure) -> None:
-        with self.tree.batch_update():
-            self.tree.data = ()
-            self.tree.add_traces(list(fig.data))
-            self.tree.layout = fig.layout
+    def _show(self, fig: go.Figure | None, message: str = "") -> None:
+        """Put ``fig`` (a new FigureWidget) or the placeholder ``message`` into the box."""
+        old = self.tree
+        if fig is None:
+            self.placeholder.value = self._message(message)
+            self.tree = None
+            self.tree_box.children = (self.placeholder,)
+        else:
+            self.tree = go.FigureWidget(fig)
+            self.tree_box.children = (self.tree,)
+        if old is not None:
+            old.close()
 
     def _set_status(self, msg: str, error: bool = False) -> None:
         color = "#d62728" if error else "#333"
         self.status.value = f'<span style="color:{color};font:13px sans-serif">{msg}</span>'
 
     @staticmethod
-    def _empty_tree(msg: str) -> go.Figure:
-        fig = go.Figure()
-        fig.add_annotation(text=msg, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                           font=dict(size=14, color="#777"))
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        fig.update_layout(width=figures.WIDTH, height=320, template="plotly_white",
-                          title="Draft tree")
-        return fig
+    def _message(msg: str) -> str:
+        return (f'<div class="wb-explorer-placeholder" style="font:14px sans-serif;color:#777;'
+                f'padding:40px 0 40px 200px">{msg}</div>')
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -292,7 +302,9 @@ class SweepProgress:
         if x is not None and y is not None:
             fig = go.Figure()
             fig.update_layout(width=figures.WIDTH, height=360, template="plotly_white",
-                              title=f"{title}: {y} vs {x}", xaxis_title=x, yaxis_title=y)
+                              title=f"{title}: {figures.label(y)} vs {figures.label(x)}",
+                              xaxis_title=figures.label(x), yaxis_title=figures.label(y),
+                              legend_title_text=color or "")
             self.figure = go.FigureWidget(fig)
             parts.append(self.figure)
         self.widget = W.VBox(parts)
@@ -319,7 +331,7 @@ class SweepProgress:
         for r in self.rows:
             if self.x not in r or self.y not in r:
                 continue
-            name = f"{key}={r.get(key)}" if key else str(self.y)
+            name = str(r.get(key)) if key else str(self.y)
             xs, ys = groups.setdefault(name, ([], []))
             xs.append(r[self.x])
             ys.append(r[self.y])
@@ -329,7 +341,9 @@ class SweepProgress:
                 if name in have:
                     have[name].x, have[name].y = xs, ys
                 else:
-                    self.figure.add_scatter(x=xs, y=ys, name=name, mode="markers+lines")
+                    st = figures.arm_style(name, len(self.figure.data))
+                    self.figure.add_scatter(x=xs, y=ys, name=name, mode="markers+lines",
+                                            line=dict(color=st["color"], dash=st["dash"]))
 
     def close(self) -> None:
         """Mark the sweep finished (green bar) and freeze the live plot.
