@@ -1,4 +1,4 @@
-"""The nouns every module imports: Request, DraftTree, VerifyResult, StepStats, outputs."""
+"""The nouns every module imports: Request, DraftTree, VerifyResult, outputs."""
 
 from __future__ import annotations
 
@@ -123,7 +123,6 @@ class DraftTree:
     mask: torch.Tensor  # (B, N, N) bool
     scores: torch.Tensor  # (B, N) float cumulative draft log-prob (root 0)
     draft_probs: torch.Tensor  # (B, N) float draft prob of each node given its parent (root 1)
-    retrieve_index: torch.Tensor  # (B, N, S+1) node indices of the root→node path, -1 padded
 
     @property
     def num_nodes(self) -> int:
@@ -138,19 +137,6 @@ class VerifyResult:
     accept_len: torch.Tensor  # (B,) accepted draft nodes, bonus excluded
     bonus: torch.Tensor  # (B,)
     target_tokens: torch.Tensor  # (B, N) target argmax (greedy) at each node
-
-
-@dataclass
-class StepStats:
-    """What one engine step did (for metrics, policies and traces)."""
-
-    step: int
-    mode: str  # "plain" | "spec" | "prefill" | "idle"
-    batch_size: int
-    decode_batch: int
-    emitted: int
-    phases_ms: dict[str, float] = field(default_factory=dict)
-    total_ms: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -30,3 +30,13 @@ class EngineInitError(WorkbenchError, RuntimeError):
 
 class RequestFailed(WorkbenchError, RuntimeError):
     """A request failed at run time (e.g. non-finite logits); the engine keeps serving."""
+
+
+class KVExhausted(WorkbenchError, RuntimeError):
+    """The KV pool has fewer free blocks than a reservation needs. The scheduler checks
+    ``KVPool.can_fit`` first (and preempts), so reaching this is a caller's bug."""
+
+    def __init__(self, need: int, free: int) -> None:
+        self.need = need
+        self.free = free
+        super().__init__(f"KVPool.reserve: pool exhausted, need {need} blocks, {free} free")

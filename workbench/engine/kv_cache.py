@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.errors import ConfigError
+from workbench.errors import KVExhausted
 
 
 class KVPool:
@@ -49,10 +49,11 @@ class KVPool:
         return self.blocks_needed(have, num_tokens) <= len(self.free)
 
     def reserve(self, blocks: list[int], num_tokens: int) -> None:
-        """Grow ``blocks`` in place to cover ``num_tokens`` positions (caller checked can_fit)."""
+        """Grow ``blocks`` in place to cover ``num_tokens`` positions (caller checked can_fit;
+        KVExhausted otherwise, with ``blocks`` unchanged)."""
         need = self.blocks_needed(blocks, num_tokens)
         if need > len(self.free):
-            raise ConfigError(f"KV pool exhausted: need {need} blocks, {len(self.free)} free")
+            raise KVExhausted(need, len(self.free))
         for _ in range(need):
             blocks.append(self.free.pop())
 
@@ -67,9 +68,13 @@ class KVPool:
             self.free.append(blocks.pop())
 
     def slots(self, blocks: list[int], start: int, end: int) -> torch.Tensor:
-        """Slot ids of positions [start, end): (end - start,) int64."""
-        pos = torch.arange(start, end)
-        table = torch.tensor(blocks, dtype=torch.int64)
+        """Slot ids of positions [start, end): (end - start,) int64, on the host.
+
+        Host on purpose: slots are plan metadata, and every attention backend plans on the host
+        (``ragged_plan``, ``page_table``) and copies the finished plan to the device once;
+        building them on the GPU would cost a device→host sync per request."""
+        pos = torch.arange(start, end, device="cpu")
+        table = torch.tensor(blocks, dtype=torch.int64, device="cpu")
         return table[pos // self.page_size] * self.page_size + pos % self.page_size
 
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -32,19 +32,21 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     calibrated ones. None: 1."""
     b = logits0.shape[0]
     k = topk
+    dev = logits0.device
     inv_t = None if score_temperature is None else (1.0 / score_temperature.float()).view(b, 1)
     logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
-    f_ids, f_scores, f_lp = expand(torch.zeros(b, 1), logp.unsqueeze(1), k)  # (B, K)
+    f_ids, f_scores, f_lp = expand(torch.zeros(b, 1, device=dev), logp.unsqueeze(1), k)  # (B, K)
     cand_ids, cand_scores, cand_lp = [f_ids], [f_scores], [f_lp]
-    cand_parents = [torch.full((b, k), -1, dtype=torch.int64)]
-    f_cand = torch.arange(k).expand(b, k)  # candidate index of each frontier node
+    cand_parents = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
+    f_cand = torch.arange(k, device=dev).expand(b, k)  # candidate index of each frontier node
     if callable(on_step):
         on_step(1, draft.draft_to_target(f_ids), f_lp.exp(), cand_parents[0])
     hidden = hidden0.unsqueeze(1).expand(b, k, -1)
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
-    anc = torch.eye(k, dtype=torch.bool).expand(b, k, k)
-    rows = torch.arange(b).unsqueeze(1)
+    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+    anc = eye
+    rows = torch.arange(b, device=dev).unsqueeze(1)
     n_cand = k
     for step in range(1, num_steps):
         attn.set_frontier(anc)
@@ -68,7 +70,7 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
         f_cand = n_cand + pick
         n_cand += k * k
         hidden = out.view(b, k, -1)[rows, par]
-        anc = torch.cat([anc[rows, par], torch.eye(k, dtype=torch.bool).expand(b, k, k)], 2)
+        anc = torch.cat([anc[rows, par], eye], 2)
     tokens = draft.draft_to_target(torch.cat(cand_ids, 1))
     return build_tree(root_tokens, tokens, torch.cat(cand_parents, 1), torch.cat(cand_scores, 1),
                       torch.cat(cand_lp, 1), num_draft_tokens, root_pos)

@@ -45,24 +45,30 @@ def build_tree(root_tokens: torch.Tensor, cand_tokens: torch.Tensor, cand_parent
     order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices[:, :keep]
     chosen = torch.sort(order, dim=-1).values  # creation order ⇒ parents first
     # Map candidate index → tree node index (root is node 0); unselected stay -1.
-    where = torch.full((b, c), -1, dtype=torch.int64)
-    where.scatter_(1, chosen, torch.arange(1, keep + 1).expand(b, keep))
+    dev = cand_tokens.device
+    where = torch.full((b, c), -1, dtype=torch.int64, device=dev)
+    where.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(b, keep))
     par_cand = torch.gather(cand_parents, 1, chosen)
     par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand),
                            torch.gather(where, 1, par_cand.clamp(min=0)))
     if bool((par_node < 0).any()):
         raise AssertionError("draft tree: a selected node's parent was not selected")
     tokens = torch.cat([root_tokens.view(b, 1), torch.gather(cand_tokens, 1, chosen)], 1)
-    parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64), par_node], 1)
-    scores = torch.cat([torch.zeros(b, 1), torch.gather(cand_scores, 1, chosen).float()], 1)
-    probs = torch.cat([torch.ones(b, 1), torch.gather(cand_logp, 1, chosen).float().exp()], 1)
+    parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
+    scores = torch.cat([torch.zeros(b, 1, device=dev),
+                        torch.gather(cand_scores, 1, chosen).float()], 1)
+    probs = torch.cat([torch.ones(b, 1, device=dev),
+                       torch.gather(cand_logp, 1, chosen).float().exp()], 1)
     return finish_tree(tokens, parents, scores, probs, prefix_lens)
 
 
 def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
                 probs: torch.Tensor, prefix_lens: torch.Tensor) -> DraftTree:
-    """Depth, positions, ancestor mask and retrieve paths from parent pointers (B, N)."""
+    """Depth, positions and ancestor mask from parent pointers (B, N), on the tokens' device.
+
+    Reads the parent pointers on the host (one small device→host copy per tree)."""
     b, n = tokens.shape
+    dev = tokens.device
     # Parents precede children, so one pass over each row's parent list fills depth and the
     # ancestors-or-self sets (Python ints as bit sets: a few µs per row instead of ~7 tensor
     # ops per node). Node i's ancestors-or-self in index order are its root→i path.
@@ -75,23 +81,15 @@ def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tenso
             anc[i] = anc[p] | (1 << i)
         depth_l.append(d)
         paths.append([[j for j in range(i + 1) if a >> j & 1] for i, a in enumerate(anc)])
-    depth = torch.tensor(depth_l, dtype=torch.int64).view(b, n)
-    max_depth = int(depth.max()) if n else 0
-    width = max_depth + 1
-    retrieve = torch.tensor([[path + [-1] * (width - len(path)) for path in rows]
-                             for rows in paths], dtype=torch.int64).view(b, n, width)
-    # Padding entries point at the root, which is every node's ancestor: all writes are True.
-    mask = torch.zeros(b, n, n, dtype=torch.bool).scatter_(
-        2, retrieve.clamp(min=0), torch.ones(b, n, width, dtype=torch.bool))
+    depth = torch.tensor(depth_l, dtype=torch.int64, device=dev).view(b, n)
+    width = max((d for row in depth_l for d in row), default=0) + 1
+    # (B, N, width) root→node path of every node, padded with the root (node 0): the root is
+    # every node's ancestor, so scattering True at the padding changes nothing.
+    path_idx = torch.tensor([[path + [0] * (width - len(path)) for path in rows]
+                             for rows in paths], dtype=torch.int64, device=dev).view(b, n, width)
+    mask = torch.zeros(b, n, n, dtype=torch.bool, device=dev).scatter_(
+        2, path_idx, torch.ones(b, n, width, dtype=torch.bool, device=dev))
     return DraftTree(tokens=tokens, parents=parents, depth=depth,
-                     positions=prefix_lens.view(b, 1) + depth, mask=mask, scores=scores,
-                     draft_probs=probs, retrieve_index=retrieve)
+                     positions=prefix_lens.view(b, 1).to(dev) + depth, mask=mask, scores=scores,
+                     draft_probs=probs)
 
-
-def chain_tree(root_tokens: torch.Tensor, chain_tokens: torch.Tensor,
-               prefix_lens: torch.Tensor) -> DraftTree:
-    """A chain (topk = 1): root followed by S tokens. chain_tokens (B, S)."""
-    b, s = chain_tokens.shape
-    tokens = torch.cat([root_tokens.view(b, 1), chain_tokens], 1)
-    parents = (torch.arange(s + 1) - 1).expand(b, s + 1).clone()
-    return finish_tree(tokens, parents, torch.zeros(b, s + 1), torch.ones(b, s + 1), prefix_lens)

@@ -40,9 +40,10 @@ def simulated_verify(tree: DraftTree, target_logits: torch.Tensor, accept_len: t
     by the tree's depth); the bonus is the target's argmax at the last forced node."""
     b, n = tree.tokens.shape
     predict = target_logits.argmax(-1)
-    idx = torch.full((b, n), -1, dtype=torch.int64)
-    n_acc = torch.zeros(b, dtype=torch.int64)
-    bonus = torch.zeros(b, dtype=torch.int64)
+    dev = predict.device
+    idx = torch.full((b, n), -1, dtype=torch.int64, device=dev)
+    n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
+    bonus = torch.zeros(b, dtype=torch.int64, device=dev)
     for i in range(b):
         cur, path = 0, [0]
         while len(path) - 1 < int(accept_len[i]):
@@ -51,7 +52,7 @@ def simulated_verify(tree: DraftTree, target_logits: torch.Tensor, accept_len: t
                 break
             cur = int(kids[tree.scores[i, kids].argmax()])
             path.append(cur)
-        idx[i, : len(path)] = torch.tensor(path)
+        idx[i, : len(path)] = torch.tensor(path, device=dev)
         n_acc[i] = len(path) - 1
         bonus[i] = predict[i, cur]
     return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict)
