@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,21 +42,61 @@ class EngineConfig:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ConfigError(f"EngineConfig.dtype: {self.dtype!r} not in float32/bfloat16/"
                               "float16/float64")
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"EngineConfig.device: expected a device string such as 'cpu' or "
+                              f"'cuda:0', got {self.device!r}")
+        import torch
+
+        try:
+            torch.device(self.device)
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(f"EngineConfig.device: {self.device!r} is not a torch device "
+                              f"({e})") from None
         for name in ("max_batch_size", "kv_budget_tokens", "page_size", "max_prefill_tokens"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
+            if not _is_int(v) or v <= 0:
                 raise ConfigError(f"EngineConfig.{name}: must be a positive integer, got {v!r}")
         if self.kv_budget_tokens < self.page_size:
             raise ConfigError("EngineConfig.kv_budget_tokens: smaller than one page")
+        m = self.max_model_len
+        if m is not None and (not _is_int(m) or m < 2):
+            raise ConfigError(f"EngineConfig.max_model_len: must be an integer >= 2 (a prompt "
+                              f"token and one generated token) or None, got {m!r}")
+        if not _is_int(self.threads) or self.threads < 0:
+            raise ConfigError(f"EngineConfig.threads: must be an integer >= 0 (0 = torch's "
+                              f"default), got {self.threads!r}")
         if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
             raise ConfigError(f"EngineConfig.attention_backend: {self.attention_backend!r} not "
                               "in auto/torch/triton/flashinfer")
         if self.gemm not in ("auto", "onednn", "dense"):
             raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
-        for name in ("cuda_graphs", "cuda_graphs_fallback", "overlap_schedule"):
+        for name in ("self_check", "allow_baseline_fallback", "cuda_graphs",
+                     "cuda_graphs_fallback", "overlap_schedule"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"EngineConfig.{name}: must be a bool, got "
                                   f"{getattr(self, name)!r}")
+
+
+# torch.Generator.manual_seed accepts exactly this range
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    """A finite int or float (bool refused: it is an int subclass)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _utf8(s: str, field: str) -> None:
+    """Lone surrogates (JSON "\\ud800") cannot be tokenized or returned: name the field."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(f"{field}: not valid Unicode text (lone surrogate at index "
+                           f"{e.start})") from None
 
 
 @dataclass(frozen=True)
@@ -71,31 +112,52 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    no_stop_trim: bool = False  # keep a matched stop string / stop token in the text (SGLang)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
-                or self.max_new_tokens <= 0:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise RequestError(f"max_new_tokens: must be a positive integer, got "
                                f"{self.max_new_tokens!r}")
         for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
             if isinstance(getattr(self, name), bool):  # bool is an int subclass: refuse it
                 raise RequestError(f"{name}: must be a number, got {getattr(self, name)!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 \
-                or self.temperature != self.temperature:
-            raise RequestError(f"temperature: must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_real(self.temperature) or self.temperature < 0:
+            raise RequestError(f"temperature: must be >= 0 (and finite), got "
+                               f"{self.temperature!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"top_k: must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise RequestError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p < 1.0:
-            raise RequestError(f"min_p: must be in [0, 1), got {self.min_p!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise RequestError(f"seed: must be an integer or None, got {self.seed!r}")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str)
-                           else tuple(self.stop))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise RequestError("stop: every stop string must be a non-empty str")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise RequestError(f"top_p: must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p < 1.0:
+            raise RequestError(f"min_p: must be a number in [0, 1), got {self.min_p!r}")
+        if self.seed is not None and (not _is_int(self.seed)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise RequestError(f"seed: must be an integer in [-2**63, 2**64 - 1] or None, got "
+                               f"{self.seed!r}")
+        for name in ("ignore_eos", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise RequestError(f"{name}: must be true or false, got {getattr(self, name)!r}")
+        ids = self.stop_token_ids
+        if ids is None:
+            ids = ()
+        if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, (list, tuple)):
+            raise RequestError(f"stop_token_ids: must be a list of token ids, got {ids!r}")
+        for t in ids:
+            if not _is_int(t) or t < 0:
+                raise RequestError(f"stop_token_ids: token ids must be integers >= 0, got {t!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+        stop = self.stop
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        elif not isinstance(stop, (list, tuple)):
+            raise RequestError(f"stop: must be a string or a list of strings, got {stop!r}")
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise RequestError(f"stop: every stop string must be a non-empty str, got {s!r}")
+            _utf8(s, "stop")
+        object.__setattr__(self, "stop", tuple(stop))
 
     @property
     def greedy(self) -> bool:
@@ -128,8 +190,12 @@ class SpecConfig:
     # skips it and catches up when speculation returns, "auto" stays warm for the first
     # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold; its
     # warm steps extend only drafts at most catchup_window behind, so a new prompt longer than
-    # that waits for its first speculative step (high load never pays for its extend)
-    draft_state: Literal["warm", "cold", "auto"] = "warm"
+    # that waits for its first speculative step (high load never pays for its extend).
+    # Default "auto": the best measured setting. "warm" runs a draft forward on every plain
+    # step, a K=0 tax of +14-17 % with BatchThreshold(0) on a 2-core Xeon (issue 18); "auto"
+    # keeps it within 2 % at concurrency 1..64 (data/results/<machine>/k0_tax.json) while
+    # short on/off flips still find a current draft. Outputs never depend on it.
+    draft_state: Literal["warm", "cold", "auto"] = "auto"
     # a cold draft keeps the target features of at most this many missed positions (the most
     # recent): the catch-up when speculation returns extends over them only, and older missed
     # positions become a hole the draft does not attend to (bounded switch-on cost and memory;
@@ -140,15 +206,15 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         s, k = self.num_steps, self.topk
-        if not isinstance(s, int) or s < 1:
+        if not _is_int(s) or s < 1:
             raise ConfigError(f"SpecConfig.num_steps: must be >= 1, got {s!r}")
-        if not isinstance(k, int) or k < 1:
+        if not _is_int(k) or k < 1:
             raise ConfigError(f"SpecConfig.topk: must be >= 1, got {k!r}")
         n = self.num_draft_tokens
         if n is None:
             n = s + 1 if k == 1 else min(k * s + 1, 16)
             object.__setattr__(self, "num_draft_tokens", n)
-        if not isinstance(n, int) or n < 2:
+        if not _is_int(n) or n < 2:
             raise ConfigError(f"SpecConfig.num_draft_tokens: must be >= 2, got {n!r}")
         if k == 1 and n != s + 1:
             raise ConfigError(f"SpecConfig.num_draft_tokens: topk=1 (chain) forces "
@@ -162,13 +228,18 @@ class SpecConfig:
         if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
             raise ConfigError(f"SpecConfig.catchup_window: must be an int >= 1 or None, got {w!r}")
         a = self.simulate_accept_length
-        if a is not None and not 1.0 <= a <= s + 1:
+        if a is not None and (not _is_real(a) or not 1.0 <= a <= s + 1):
             raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "
                               f"got {a}")
         if self.policy is None:
             from workbench.spec.policy import Always
 
             object.__setattr__(self, "policy", Always())
+        elif not all(callable(getattr(self.policy, m, None)) for m in ("decide", "observe")):
+            raise ConfigError(f"SpecConfig.policy: expected a Policy (workbench.spec.policy: "
+                              f"Always(), Threshold(...), ...) or None, got {self.policy!r}")
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"SpecConfig.extra: must be a dict, got {self.extra!r}")
 
     @property
     def lossless(self) -> bool:

@@ -160,8 +160,8 @@ CASES: dict[str, Case] = {
         c.target, draft="/nonexistent/head", config=kit.CONFIG), wb.EngineInitError,
         "stage 'load_draft'"),
     "engine unknown device": api(lambda c: wb.Engine.from_pretrained(
-        c.target, config=EC(device="nonsense", self_check=False)), wb.EngineInitError,
-        "stage 'load_target'"),
+        c.target, config=EC(device="nonsense", self_check=False)), wb.ConfigError,
+        "^EngineConfig.device: 'nonsense' is not a torch device"),
     # -- prompts and requests ------------------------------------------------------------------
     "prompt empty ids": api(lambda c: c.engine.add_request([]), wb.RequestError,
                             "^prompt: empty prompt"),

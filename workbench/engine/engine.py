@@ -21,7 +21,12 @@ from workbench.core import Request, RequestOutput, StepOutput
 from workbench.engine.attention import PagedAttention
 from workbench.engine.backends import backend_name, make_attention_backend
 from workbench.engine.kv_cache import KVPool
-from workbench.engine.sampler import make_generator, process_probs, sample_rows
+from workbench.engine.sampler import (
+    make_generator,
+    process_probs,
+    sample_rows,
+    valid_distribution,
+)
 from workbench.engine.scheduler import Scheduler
 from workbench.errors import ConfigError, EngineInitError, RequestError
 from workbench.models.config import ModelConfig
@@ -104,6 +109,7 @@ class Engine:
         self._closed = False
         self._stepping = False  # inside step(): abort() defers to the step's end
         self._deferred_aborts: list[int] = []
+        self._row_errors: dict[int, str] = {}  # rid → request-scoped sampling failure this step
         self.init_log: list[tuple[str, str, float]] = []
         self._init()
 
@@ -267,6 +273,8 @@ class Engine:
         return self.trace.tracer
 
     def set_spec(self, spec: SpecConfig | None) -> None:
+        if spec is not None and not isinstance(spec, SpecConfig):
+            raise ConfigError(f"spec: expected a SpecConfig or None, got {spec!r}")
         if spec is not None and self.draft is None:
             why = " (draft init failed; running as an explicit baseline)" if self.baseline_only \
                 else ""
@@ -274,12 +282,24 @@ class Engine:
         self.spec = spec
 
     def tokenize(self, prompt: Prompt, field: str = "prompt") -> list[int]:
+        """Text, token ids or chat messages → token ids; RequestError naming ``field``.
+
+        Reads only the tokenizer and the model config (both fixed after init), so a server may
+        call it off the engine thread."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError(f"{field}: text given but the model folder has no tokenizer")
             if not prompt:
                 raise RequestError(f"{field}: empty prompt")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(f"{field}: not valid Unicode text (lone surrogate at index "
+                                   f"{e.start})") from None
             return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+        if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
+            raise RequestError(f"{field}: expected text, a list of token ids or a list of chat "
+                               f"messages, got {type(prompt).__name__}")
         items = list(prompt)
         if items and all(isinstance(m, dict) for m in items):
             if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
@@ -364,15 +384,34 @@ class Engine:
         return len(self.scheduler.running) if self.scheduler is not None else 0
 
     def output(self, rid: int, text: bool = True) -> RequestOutput:
-        """Snapshot of a request (running or finished); ``text=False`` skips detokenizing."""
-        req = self.requests[rid]
-        text_s = self.tokenizer.decode(req.output_ids) if self.tokenizer is not None and text \
-            else ""
+        """Snapshot of a request (running or finished); ``text=False`` skips detokenizing.
+
+        A "stop" finish trims the matched stop from ``text`` as SGLang and OpenAI do (the stop
+        string and what follows it; a stop token id's text) unless ``no_stop_trim``;
+        ``token_ids`` always keep every generated token."""
+        req = self.requests.get(rid) if isinstance(rid, int) else None
+        if req is None:
+            raise RequestError(f"rid: unknown request {rid!r}")
+        text_s = self.text_of(req) if self.tokenizer is not None and text else ""
         lossless = self.spec is None or self.spec.lossless
         return RequestOutput(rid=rid, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
                              text=text_s, finish_reason=req.finish_reason or "",
                              metrics=req.metrics, error=req.error, lossless=lossless,
-                             from_draft=list(req.emitted_from_draft))
+                             from_draft=list(req.emitted_from_draft),
+                             matched_stop=req.matched_stop)
+
+    def text_of(self, req: Request) -> str:
+        """The request's output text, its matched stop trimmed (see :meth:`output`)."""
+        ids, m = req.output_ids, req.matched_stop
+        trim = req.finish_reason == "stop" and m is not None and not req.sampling.no_stop_trim
+        if trim and isinstance(m, int) and ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids)
+        if trim and isinstance(m, str):
+            pos = text.find(m)
+            if pos != -1:
+                text = text[:pos]
+        return text
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -382,7 +421,14 @@ class Engine:
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
                                         isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        plist = list(prompts)  # type: ignore[arg-type]
+        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+            raise RequestError(f"prompts: expected a prompt or a list of prompts, got "
+                               f"{type(prompts).__name__}")
+        plist = list(prompts)
+        for i, p in enumerate(plist):  # before anything is queued: all or nothing
+            if not isinstance(p, (str, Sequence)) or isinstance(p, (bytes, bytearray)):
+                raise RequestError(f"prompts[{i}]: expected text, token ids or chat messages, "
+                                   f"got {type(p).__name__}")
         sps = list(sampling) if isinstance(sampling, Sequence) else [sampling] * len(plist)
         if len(sps) != len(plist):
             raise RequestError(f"sampling: {len(sps)} params for {len(plist)} prompts")
@@ -429,7 +475,9 @@ class Engine:
                 self.step()
                 req = self.requests[rid]
                 if self.tokenizer is not None:
-                    full = self.tokenizer.decode(req.output_ids)
+                    full = self.text_of(req)
+                    if not req.finished:  # a partial stop string may still complete
+                        full = hold_back_stops(full, req.sampling.stop)
                     if not full.endswith("\ufffd") and len(full) > len(text):
                         yield full[len(text):]
                         text = full
@@ -517,6 +565,7 @@ class Engine:
         assert self.scheduler is not None
         t_start = time.perf_counter()
         self.step_id += 1
+        self._row_errors.clear()
         phases: dict[str, float] = {}
         faults.check("step:schedule")
         sched = self.scheduler.schedule()
@@ -743,8 +792,12 @@ class Engine:
                     if self._bad_logits(r, logits, outputs):
                         offs += n
                         continue
-                    tok = int(sample_rows(logits, [r.sampling], [r.generator])[0])
-                    self._emit(r, [tok], [False], outputs)
+                    errors: dict[int, str] = {}
+                    tok = int(sample_rows(logits, [r.sampling], [r.generator], errors)[0])
+                    if errors:
+                        self._fail_request(r, f"request {r.rid}: {errors[0]}", outputs)
+                    else:
+                        self._emit(r, [tok], [False], outputs)
             offs += n
         todo = self._extend_now([r for r in done if r.spec_capable and not r.finished])
         if todo:
@@ -772,7 +825,11 @@ class Engine:
                                            torch.tensor(kv), want_aux=want_aux)
         logits = self.target.logits(hidden)
         faults.check("step:sampler")
-        toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs])
+        errors: dict[int, str] = {}
+        toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs],
+                           errors)
+        for i, msg in errors.items():
+            self._row_errors[reqs[i].rid] = msg  # _bad_logits below fails that request alone
         phases["decode"] = phases.get("decode", 0.0) + _ms(t)
         t = time.perf_counter()
         warm = []
@@ -919,7 +976,13 @@ class Engine:
             if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
                 probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
             else:
-                probs[i] = process_probs(logits[i], r.sampling)
+                row = process_probs(logits[i], r.sampling)
+                if not valid_distribution(row):  # the commit loop fails this request alone
+                    self._row_errors[r.rid] = ("sampling: no valid distribution at position "
+                                               f"{r.kv_len} (non-finite logits)")
+                    row = torch.zeros_like(row).scatter_(
+                        -1, logits[i].argmax(-1, keepdim=True), 1.0)
+                probs[i] = row
                 coins[i] = torch.rand(n, generator=r.generator)
                 final_u[i] = torch.rand((), generator=r.generator)
         dev = logits.device
@@ -941,51 +1004,77 @@ class Engine:
     # -- emit / finish -------------------------------------------------------------------------
     def _bad_logits(self, r: Request, logits: torch.Tensor,
                     outputs: dict[int, StepOutput]) -> bool:
-        """Non-finite logits fail this request only; the others continue."""
+        """Request-scoped numeric failures fail this request only; the others continue: its
+        logits are non-finite, or its sampling found no valid distribution (``_row_errors``)."""
+        sampling_error = self._row_errors.pop(r.rid, None)
+        if sampling_error is not None:
+            self._fail_request(r, f"request {r.rid}: {sampling_error}", outputs)
+            return True
         # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf); only
         # a non-finite sum (or a huge finite overflow) pays for the elementwise check.
         if faults.active(f"step:nan_logits@{r.rid}") or (
                 not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all())):
-            r.error = f"request {r.rid}: non-finite logits at position {r.kv_len}"
-            self._finish(r, "error")
-            outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)
+            self._fail_request(r, f"request {r.rid}: non-finite logits at position {r.kv_len}",
+                               outputs)
             return True
         return False
 
+    def _fail_request(self, r: Request, error: str, outputs: dict[int, StepOutput]) -> None:
+        r.error = error
+        self._finish(r, "error")
+        outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)
+
     def _emit(self, r: Request, new: list[int], from_draft: list[bool],
               outputs: dict[int, StepOutput]) -> None:
-        """Append tokens, applying stop ids / EOS / max_new_tokens / context / stop strings."""
+        """Append tokens one at a time, applying stop ids / EOS, stop strings, max_new_tokens
+        and the context length after each: a block of accepted draft tokens ends exactly where
+        plain decoding of the same tokens would (lossless stops)."""
         sp = r.sampling
         now = time.perf_counter()
         if r.metrics.first_token is None:
             r.metrics.first_token = now
         stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        check_text = bool(sp.stop) and self.tokenizer is not None
         kept: list[int] = []
         reason = None
         room = self._room(r)
         for tok in new:
             kept.append(tok)
+            r.tokens.append(tok)
             if tok in stops:
-                reason = "stop"
+                reason, r.matched_stop = "stop", tok
                 break
+            if check_text:
+                hit = self._stop_string(r)
+                if hit is not None:
+                    reason, r.matched_stop = "stop", hit
+                    break
             if len(kept) >= room:  # max_new_tokens or the context length reached
                 reason = "length"
                 break
-        r.tokens.extend(kept)
         r.emitted_from_draft.extend(from_draft[: len(kept)])
         r.metrics.token_times.extend([now] * len(kept))
         self.stats.generated_tokens += len(kept)
-        if reason is None and sp.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(r.output_ids)
-            for s in sp.stop:
-                if s in text:
-                    reason = "stop"
-                    break
         prev = outputs.get(r.rid)
         delta = (prev.new_token_ids if prev else []) + kept
         if reason is not None:
             self._finish(r, reason)
         outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
+
+    def _stop_string(self, r: Request) -> str | None:
+        """The stop string the newest token completes, if any. A new match ends in the newest
+        token's text, so decoding a tail of the output suffices: a string of L characters spans
+        at most 4L tokens (a byte-level token carries at least one UTF-8 byte), plus a margin so
+        the tail's first token (whose decoding may differ, e.g. a leading space) is not part of
+        it."""
+        stops = r.sampling.stop
+        out = r.output_ids
+        window = 4 * max(len(s) for s in stops) + 8
+        tail = self.tokenizer.decode(out[-window:])
+        for s in stops:
+            if s in tail:
+                return s
+        return None
 
     def _finish(self, r: Request, reason: str) -> None:
         assert self.scheduler is not None
@@ -1031,6 +1120,19 @@ class Engine:
                                     accepted_path=res.accept_index[i, : m + 1].tolist(),
                                     accepted_tokens=new, accept_length=len(new),
                                     bonus_token=int(res.bonus[i])))
+
+
+def hold_back_stops(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` without its longest suffix that begins one of ``stops``: what a stream may show
+    before the request finishes (the rest may turn out to be a stop string, trimmed at the
+    end)."""
+    cut = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), cut, -1):
+            if text.endswith(s[:k]):
+                cut = k
+                break
+    return text[: len(text) - cut] if cut else text
 
 
 def _count_depths(counts: list[int], accepted: int) -> None:

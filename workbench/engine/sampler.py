@@ -2,6 +2,13 @@
 
 ``process_probs`` is shared by plain sampling and speculative verification, so the target
 distribution that rejection sampling reproduces is exactly the one plain decoding samples from.
+
+Numerics: every valid :class:`SamplingParams` yields a proper distribution for finite logits.
+The filters run in float64 and always keep the most likely token, so a ``top_p`` that underflows
+(1e-300), a ``min_p`` close to 1 or a temperature of 1e-30 narrow the distribution down to the
+argmax instead of dropping every token (which would leave 0/0 = NaN for ``torch.multinomial``).
+A row whose probabilities are still not a distribution (non-finite logits) is reported by
+:func:`sample_rows` as a per-row error: the engine fails that request alone.
 """
 
 from __future__ import annotations
@@ -10,10 +17,14 @@ import torch
 
 from workbench.config import SamplingParams
 
+MIN_TEMPERATURE = 1e-6  # below this a temperature divides like 1e-6 (still a sharp softmax)
+
 
 def process_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """logits (R, V) float32 → probabilities (R, V) after temperature, top-k, top-p, min-p."""
-    x = logits / max(sp.temperature, 1e-6)
+    """logits (R, V) → probabilities (R, V) (float32) after temperature, top-k, top-p, min-p.
+
+    Computed in float64; the argmax of every row always keeps a positive probability."""
+    x = logits.double() / max(float(sp.temperature), MIN_TEMPERATURE)
     if sp.top_k and sp.top_k < x.shape[-1]:
         kth = torch.topk(x, sp.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -21,22 +32,42 @@ def process_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     if sp.top_p < 1.0:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         cum = sorted_p.cumsum(-1)
-        drop_sorted = (cum - sorted_p) >= sp.top_p  # keep the smallest prefix reaching top_p
+        drop_sorted = (cum - sorted_p) >= float(sp.top_p)  # keep the smallest prefix >= top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if sp.min_p > 0.0:
-        probs = probs.masked_fill(probs < sp.min_p * probs.amax(-1, keepdim=True), 0.0)
-    return probs / probs.sum(-1, keepdim=True)
+        top = probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill((probs < float(sp.min_p) * top) & (probs < top), 0.0)
+    return (probs / probs.sum(-1, keepdim=True)).to(torch.float32)
+
+
+def valid_distribution(p: torch.Tensor) -> bool:
+    """Finite, non-negative and with positive mass: what ``torch.multinomial`` accepts."""
+    return bool(torch.isfinite(p).all()) and bool((p >= 0).all()) and float(p.sum()) > 0.0
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> torch.Tensor:
-    """logits (R, V) → token ids (R,). Greedy rows take the argmax (ties → lowest id)."""
+                generators: list[torch.Generator | None],
+                errors: dict[int, str] | None = None) -> torch.Tensor:
+    """logits (R, V) → token ids (R,). Greedy rows take the argmax (ties → lowest id).
+
+    A sampled row whose probabilities are not a distribution gets its argmax and an entry
+    ``errors[row]`` naming the problem (when ``errors`` is given; else RuntimeError): the caller
+    fails that request alone."""
     out = logits.argmax(-1)
     for i, (sp, g) in enumerate(zip(params, generators, strict=True)):
-        if not sp.greedy:
-            p = process_probs(logits[i : i + 1], sp)
-            out[i] = torch.multinomial(p[0], 1, generator=g)[0]
+        if sp.greedy:
+            continue
+        p = process_probs(logits[i : i + 1], sp)[0]
+        if not valid_distribution(p):
+            msg = (f"sampling: no valid distribution for temperature={sp.temperature}, "
+                   f"top_k={sp.top_k}, top_p={sp.top_p}, min_p={sp.min_p} (non-finite logits)")
+            if errors is None:
+                raise RuntimeError(msg)
+            errors[i] = msg
+            continue
+        out[i] = torch.multinomial(p, 1, generator=g)[0]
     return out
 
 
