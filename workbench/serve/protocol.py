@@ -67,6 +67,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HTTPError(f"body: malformed JSON ({e})", "body") from None
+    except RecursionError:
+        raise HTTPError("body: JSON nested too deeply", "body") from None
     if not isinstance(body, dict):
         raise HTTPError(f"body: expected a JSON object, got {type(body).__name__}", "body")
     return body
@@ -112,7 +114,18 @@ def _stop(v: Any, field: str) -> tuple[str, ...]:
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
         raise HTTPError(f"{field}: expected a non-empty string or a list of them, got {v!r}",
                         field)
+    for s in items:
+        _utf8(s, field)
     return tuple(items)
+
+
+def _utf8(s: str, field: str) -> None:
+    """JSON may carry lone surrogates ("\\ud800"): not text we can tokenize or return."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise HTTPError(f"{field}: not valid Unicode text (lone surrogate at index {e.start})",
+                        field) from None
 
 
 def _token_ids(v: Any, field: str, allow_empty: bool = False) -> list[int]:
@@ -155,12 +168,13 @@ GENERATE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "stream", "
                              "return_logprob"})
 # SGLang sampling params we implement (seed: also SGLang's ``sampling_seed``).
 SGLANG_SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                             "stop_token_ids", "ignore_eos", "seed", "sampling_seed"})
+                             "stop_token_ids", "ignore_eos", "no_stop_trim", "seed",
+                             "sampling_seed"})
 # SGLang sampling params accepted at their default value only.
 SGLANG_NO_OPS: dict[str, Any] = {
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "min_new_tokens": 0, "n": 1, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "no_stop_trim": False,
+    "spaces_between_special_tokens": True,
 }
 
 
@@ -180,6 +194,7 @@ def parse_generate(body: dict[str, Any]) -> ParsedRequest:
             raise HTTPError(f"text: expected a string, got {_type_name(body['text'])}", field)
         if not body["text"]:
             raise HTTPError("text: empty prompt", field)
+        _utf8(body["text"], field)
         prompt = body["text"]
     else:
         field = "input_ids"
@@ -226,6 +241,8 @@ def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
                                                 allow_empty=True))
     if sp.get("ignore_eos") is not None:
         kw["ignore_eos"] = _bool(sp["ignore_eos"], p + "ignore_eos")
+    if sp.get("no_stop_trim") is not None:
+        kw["no_stop_trim"] = _bool(sp["no_stop_trim"], p + "no_stop_trim")
     for key in ("seed", "sampling_seed"):
         if sp.get(key) is not None:
             kw["seed"] = _int(sp[key], p + key)
@@ -260,6 +277,7 @@ def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     if isinstance(raw, str):
         if not raw:
             raise HTTPError("prompt: empty prompt", "prompt")
+        _utf8(raw, "prompt")
         prompt = raw
     elif isinstance(raw, list) and raw and all(isinstance(x, (str, list)) for x in raw):
         raise HTTPError("prompt: batched prompts are not supported; send one request per prompt",
@@ -313,15 +331,18 @@ def admission_error(message: str, prompt_field: str) -> HTTPError:
 
 
 def sglang_finish_reason(reason: str | None, token_ids: list[int], error: str | None = None,
-                         ) -> dict[str, Any] | None:
+                         matched: int | str | None = None) -> dict[str, Any] | None:
     """SGLang's ``meta_info.finish_reason`` object: ``{"type": "length", "length": n}``,
-    ``{"type": "stop", "matched": id}``, ``{"type": "abort"|"error", "message": ...}``."""
+    ``{"type": "stop", "matched": id or string}`` (the stop token id, EOS included, or the stop
+    string matched), ``{"type": "abort"|"error", "message": ...}``."""
     if not reason:
         return None
     if reason == "length":
         return {"type": "length", "length": len(token_ids)}
     if reason == "stop":
-        return {"type": "stop", "matched": token_ids[-1] if token_ids else None}
+        if matched is None and token_ids:
+            matched = token_ids[-1]
+        return {"type": "stop", "matched": matched}
     return {"type": reason, "message": error or reason}
 
 
@@ -331,11 +352,12 @@ def spec_accept_length(completion_tokens: int, verify_ct: int) -> float:
 
 
 def meta_info(rid: str, prompt_tokens: int, token_ids: list[int], finish: str | None,
-              verify_ct: int, e2e_latency: float, error: str | None = None) -> dict[str, Any]:
+              verify_ct: int, e2e_latency: float, error: str | None = None,
+              matched: int | str | None = None) -> dict[str, Any]:
     """SGLang ``meta_info`` of one (possibly partial) response."""
     n = len(token_ids)
     return {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": n,
-            "finish_reason": sglang_finish_reason(finish, token_ids, error),
+            "finish_reason": sglang_finish_reason(finish, token_ids, error, matched),
             "spec_verify_ct": verify_ct, "spec_accept_length": spec_accept_length(n, verify_ct),
             "e2e_latency": e2e_latency}
 
