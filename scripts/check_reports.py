@@ -7,9 +7,10 @@ Per page (``file://``, Debian's ``/usr/bin/chromium`` driven by playwright-pytho
 ``playwright install``): wait for ``.js-plotly-plot .main-svg``, count plotly figures drawn
 (``.js-plotly-plot`` holding a ``.main-svg``) against those the manifest expects, count widget
 views rendered by the html-manager against the widget outputs, collect console errors, page
-errors and failed requests (the pages must need no network), and save a full-page screenshot
-to ``reports/screenshots/<page>.png``. Exit status 1 if any page falls short or logged an
-error.
+errors and failed requests (the pages must need no network), any "could not load" note the
+exporter's fallback put in place of a widget or figure, and save a full-page screenshot to
+``reports/screenshots/<page>.png``. Also checks that ``index.html`` links every page. Exit
+status 1 if any page falls short or logged an error.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: 
             break
         page.wait_for_timeout(250)
     page.wait_for_timeout(500)  # let late console errors arrive
+    missing = page.locator(".wb-missing").count()  # export_reports' "could not load" notes
+    if missing:
+        res.console_errors.append(f"{missing} output(s) show the 'could not load' message")
     if res.plotly_rendered >= expected_plots:
         res.benign = [e for e in res.console_errors if any(b in e for b in BENIGN)]
         res.console_errors = [e for e in res.console_errors if e not in res.benign]
@@ -153,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     offline = True
     if manifest.is_file():
         offline = json.loads(manifest.read_text())["widgets"].get("renderer") == "offline"
+    index = ns.reports / "index.html"
+    unlisted = [e["html"] for e in pages if not index.is_file() or
+                f'href="{e["html"]}"' not in index.read_text(encoding="utf-8")]
+    if unlisted:
+        print(f"index.html does not list: {', '.join(unlisted)}", file=sys.stderr)
     results: list[PageCheck] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json is not None:
         ns.json.write_text(json.dumps([{**asdict(r), "ok": r.ok} for r in results], indent=2)
                            + "\n")
-    return 0 if all(r.ok for r in results) else 1
+    return 0 if all(r.ok for r in results) and not unlisted else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,12 @@
-"""JupyterLab smoke test: start ``jupyter lab`` on a free port with a token, open
-01_quickstart in headless Chromium, Run All Cells, and see plotly figures rendered by Lab's
-own plotly renderer with no error output. The notebook runs from a temporary copy so Lab's
-autosave never touches the repository."""
+"""JupyterLab in headless Chromium: start ``jupyter lab`` on a free port with a token, then
+
+* open 01_quickstart, Run All Cells, and see plotly figures rendered by Lab's own plotly
+  renderer with no error output;
+* open a two-cell notebook that displays the ``Explorer`` widget, press its **step** button in
+  the browser, and see the draft tree drawn and the "press step" placeholder gone from the page
+  (the widget's view, not only its Python state).
+
+Notebooks run from a temporary folder so Lab's autosave never touches the repository."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nb_browser import CHROMIUM, CHROMIUM_ARGS, REPO
@@ -24,6 +30,28 @@ pytest.importorskip("playwright")
 pytest.importorskip("jupyterlab")
 
 NOTEBOOK = "01_quickstart.ipynb"
+EXPLORER_NOTEBOOK = "explorer.ipynb"
+
+
+def write_explorer_notebook(path: Path) -> None:
+    """Two cells: build the micro engine and display an Explorer; nothing stepped yet."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "import workbench as wb\n"
+            "from workbench.viz.demo_models import demo_models\n"
+            "from workbench.viz.widgets import Explorer\n"
+            "models = demo_models(fast=True)\n"
+            "engine = wb.Engine.from_pretrained(models.target, draft=models.draft)"),
+        nbformat.v4.new_code_cell(
+            "explorer = Explorer(engine, prompt=models.prompts[0], max_new_tokens=16)\n"
+            "explorer"),
+    ]
+    nbformat.write(nb, path)
 # Not marked slow: 31-48 s on 2 idle cores (Lab start, kernel start, the notebook, rendering).
 # On a heavily loaded machine it took minutes; the waits below allow for that.
 
@@ -40,6 +68,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(REPO / "notebooks" / NOTEBOOK, root / NOTEBOOK)
+    write_explorer_notebook(root / EXPLORER_NOTEBOOK)
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "WORKBENCH_FAST": "1", "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
@@ -63,7 +92,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                     pytest.fail("jupyter lab did not start:\n" +
                                 (tmp_path / "lab.log").read_text()[-3000:])
                 time.sleep(0.5)
-        yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", root
+        yield f"{base}/lab/tree/{{}}?token={token}", root
     finally:
         proc.terminate()
         try:
@@ -79,6 +108,7 @@ def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path
     from playwright.sync_api import sync_playwright
 
     url, _ = lab
+    url = url.format(NOTEBOOK)
     errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -119,4 +149,57 @@ def test_lab_runs_quickstart_and_renders_figures(lab: tuple[str, Path], tmp_path
     assert lossless == 1
     assert figures >= 3  # coloured text, speedup bars, τ histogram
     assert shot.stat().st_size > 20_000
+    assert not errors, errors
+
+
+def open_and_run_all(page: Any, url: str) -> None:
+    """Open a notebook in Lab, accept the kernel dialog if any, Run All Cells, wait until done."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    page.goto(url, timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    try:
+        page.click(".jp-Dialog .jp-mod-accept", timeout=15_000)
+    except PlaywrightTimeoutError:
+        pass  # no dialog: Lab started the notebook's kernel by itself
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=120_000)
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    page.wait_for_function(
+        """() => !Array.from(document.querySelectorAll('.jp-InputArea-prompt'))
+                .some(p => p.textContent.includes('*'))""", timeout=300_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=60_000)
+
+
+def test_lab_explorer_step_replaces_the_placeholder(lab: tuple[str, Path],
+                                                    tmp_path: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    url, _ = lab
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            open_and_run_all(page, url.format(EXPLORER_NOTEBOOK))
+            placeholder = ".jp-Notebook .wb-explorer-placeholder"
+            page.wait_for_selector(placeholder, timeout=120_000)
+            before = page.locator(placeholder).inner_text()
+            page.click(".jp-Notebook .jupyter-widgets button:has-text('step')")
+            # the tree FigureWidget is drawn by plotly.js in the browser
+            page.wait_for_selector(".jp-Notebook .jupyter-widgets .js-plotly-plot .main-svg",
+                                   timeout=120_000)
+            page.wait_for_function(
+                "() => document.body.innerText.includes('this step τ =')", timeout=60_000)
+            placeholders = page.locator(placeholder).count()
+            svg_text = page.locator(".jp-Notebook .js-plotly-plot").first.inner_text()
+            page.screenshot(path=str(tmp_path / "lab_explorer.png"), full_page=False)
+        finally:
+            browser.close()
+    assert "press step" in before
+    assert placeholders == 0, "the 'press step' placeholder is still on the page after a step"
+    assert "press step" not in svg_text and "Draft tree" in svg_text
     assert not errors, errors

@@ -42,6 +42,45 @@ def test_export_writes_page_and_manifest(exported: Path) -> None:
     if manifest["widgets"]["renderer"] == "offline":  # npm reached the registry
         assert (exported / "vendor" / "embed-amd.js").is_file()
         assert 'src="vendor/require.js"' in html and "'vendor/embed-amd.js'" in html
+    # plotly.js lives once in vendor/, not inside the page
+    assert (exported / "vendor" / "plotly.min.js").stat().st_size > 1_000_000
+    assert 'src="vendor/plotly.min.js"' in html and len(html) < 1_500_000
+    assert "NBVAL_" not in html  # pytest-nbval's markers are not part of the page
+    # the stamp and the index carry date, commit, machine, load, run time and sanity status
+    assert 'class="wb-stamp"' in html and "load (1-min" in html
+    assert page["commit"] and page["machine"] and page["load_before"] and page["sanity"]
+    index = (exported / "index.html").read_text()
+    assert 'href="01_quickstart.html"' in index and page["sanity"]["status"] in index
+
+
+def test_stale_pages_removed_and_index_lists_the_rest(exported: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import export_reports as er
+
+    (exported / "quickstart.html").write_text("<html>an old page</html>")
+    assert er.remove_stale(exported, {"01_quickstart.html"}) == ["quickstart.html"]
+    assert (exported / "01_quickstart.html").is_file()
+
+
+def test_page_without_vendor_says_why_in_place(exported: Path, tmp_path: Path) -> None:
+    """A page copied without its vendor/ folder shows a message, not a silent gap."""
+    from nb_browser import CHROMIUM, CHROMIUM_ARGS
+    from playwright.sync_api import sync_playwright
+
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "01_quickstart.html").write_bytes((exported / "01_quickstart.html").read_bytes())
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto((alone / "01_quickstart.html").as_uri(), wait_until="load")
+            page.wait_for_selector(".wb-missing", timeout=60_000)
+            text = page.locator(".wb-missing").first.inner_text()
+            n = page.locator(".wb-missing").count()
+        finally:
+            browser.close()
+    assert "copy the whole reports/ folder" in text and n >= 3  # one per figure
 
 
 def test_page_renders_offline_in_chromium(exported: Path) -> None:

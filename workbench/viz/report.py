@@ -1,0 +1,70 @@
+"""What a notebook page says about the trust of its own numbers: the sanity flags of
+:mod:`workbench.bench.sanity` rendered as a visible block, and tables with flagged rows marked.
+
+``sanity_block(flags, what)`` returns an HTML block (``IPython.display.HTML``) with the class
+``wb-sanity`` and ``data-flags`` = the number of flags; ``scripts/export_reports.py`` counts
+these blocks to give every page its sanity status in ``reports/index.html``. A notebook shows one
+block under every table or figure whose numbers were checked.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from workbench.bench.sanity import Flag
+
+SANITY_CLASS = "wb-sanity"
+
+
+def sanity_html(flags: Sequence[Flag], what: str) -> str:
+    """The HTML of :func:`sanity_block` (plain string, for tests and the exporter)."""
+    n = len(flags)
+    codes = sorted({f.code for f in flags})
+    if n == 0:
+        body = (f"<b>sanity: no flags</b> — {html.escape(what)}: every check of "
+                "<code>workbench.bench.sanity</code> passed.")
+        color, bg = "#1b5e20", "#e8f5e9"
+    else:
+        items = "".join(f"<li><code>{html.escape(f.code)}</code>: {html.escape(f.message)}</li>"
+                        for f in flags)
+        body = (f"<b>⚠ sanity: {n} flag{'s' if n != 1 else ''}</b> — {html.escape(what)}: "
+                "treat the flagged numbers as noise, not as findings (rerun on an idle "
+                f"machine).<ul style='margin:4px 0 0 0'>{items}</ul>")
+        color, bg = "#8a4b00", "#fff4e5"
+    return (f'<div class="{SANITY_CLASS}" data-flags="{n}" data-codes="{",".join(codes)}" '
+            f'style="font:13px sans-serif;color:{color};background:{bg};padding:6px 10px;'
+            f'border-left:4px solid {color};margin:4px 0">{body}</div>')
+
+
+def sanity_block(flags: Sequence[Flag], what: str) -> Any:
+    """``IPython.display.HTML`` of the flags raised on ``what`` (a visible 'no flags' block
+    when there are none: a page must say that it checked)."""
+    from IPython.display import HTML
+
+    return HTML(sanity_html(flags, what))
+
+
+def flag_column(df: pd.DataFrame, flags: Sequence[Flag]) -> pd.DataFrame:
+    """``df`` with a ``flags`` column (comma-separated codes of the flags whose row matches,
+    "" when clean), via :func:`workbench.bench.sanity.mark`."""
+    from workbench.bench import sanity
+
+    return sanity.mark(df, flags)
+
+
+def highlight_flagged(df: pd.DataFrame, column: str = "flags") -> Any:
+    """A pandas ``Styler`` that paints rows with a non-empty ``column`` amber (the numbers of
+    a flagged row are shown, marked, not hidden)."""
+    if column not in df.columns:
+        raise ValueError(f"highlight_flagged: no column {column!r}; got {list(df.columns)}")
+
+    def paint(row: Any) -> list[str]:
+        bad = bool(str(row[column]))
+        return ["background-color:#fff4e5" if bad else "" for _ in row]
+
+    return df.style.apply(paint, axis=1).format(precision=2)
