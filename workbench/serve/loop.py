@@ -14,9 +14,18 @@ state happen on this thread. Front ends talk to it through a FIFO of commands:
 Commands are FIFO, so an abort always sees its own submit first. One loop iteration: drain the
 commands (block briefly when the engine is idle), then one ``engine.step()``.
 
-If ``engine.step()`` raises, the loop records the error, finishes every live request with
-``finish_reason="error"``, refuses new work (``error`` is set, the server's /health turns 503)
+Faults. A request's own numeric failure (non-finite logits, no valid sampling distribution) is
+request-scoped: the engine fails that request alone and the step goes on. A request the engine
+cannot admit for any reason is rejected alone. If ``engine.step()`` raises (a fault that is not
+request-scoped), the loop records the error, finishes every live request with
+``finish_reason="error"``, refuses new work (``error`` is set, the server's /health turns 503),
+calls ``on_fatal(error)`` (``workbench serve`` then exits non-zero so a supervisor restarts it)
 and re-raises on its thread: a broken engine never keeps serving.
+
+Liveness: :meth:`EngineLoop.heartbeat` says how long ago the loop last came round and how long
+the current step or command has run; the server's /health turns red when that exceeds a bound.
+Backpressure: with ``max_pending`` set, :meth:`EngineLoop.submit` raises :class:`QueueFull`
+once that many requests are submitted and not finished (the server answers 503 + Retry-After).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -32,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 from workbench.config import SamplingParams
 from workbench.core import RequestOutput
+from workbench.engine.engine import hold_back_stops
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +81,8 @@ class Chunk:
     finish_reason: str | None = None
     error: str | None = None
     output: RequestOutput | None = None
+    matched_stop: int | str | None = None  # finish_reason "stop": the token id or string
+    internal: bool = False  # the error is an engine failure, not this request's own numbers
 
 
 @dataclass(eq=False)
@@ -89,13 +102,27 @@ class LoopClosed(RuntimeError):
     """The loop is stopped or its engine failed; no new work is accepted."""
 
 
+class QueueFull(RuntimeError):
+    """``max_pending`` requests are already submitted and not finished; retry later."""
+
+
 class EngineLoop:
     """Owns ``engine`` on one background thread (module doc). Start with :meth:`start`."""
 
-    def __init__(self, engine: Any, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, engine: Any, idle_wait_s: float = 0.05, max_pending: int | None = None,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        if max_pending is not None and (not isinstance(max_pending, int) or max_pending < 1):
+            raise ValueError(f"max_pending: must be an integer >= 1 or None, got {max_pending!r}")
         self.engine = engine
         self.idle_wait_s = idle_wait_s
+        self.max_pending = max_pending
+        self.on_fatal = on_fatal
         self.error: str | None = None  # set when engine.step raised; the loop is then dead
+        self.error_id: str | None = None  # names that failure in the log (5xx bodies show it)
+        self.rejected_full = 0  # submits refused with QueueFull
+        self._pending = 0  # submitted and not done (guarded by _lock)
+        self._beat = time.monotonic()  # the loop last came round (between steps/commands)
+        self._busy_since: float | None = None  # a step or command is running since
         self.prompt_tokens_total = 0
         self.requests_total = 0
         self.finished_total: dict[str, int] = {}
@@ -123,12 +150,42 @@ class EngineLoop:
         """Admitted requests not finished yet (waiting or running in the engine)."""
         return len(self._live)
 
-    def submit(self, prompt: str | list[int], sampling: SamplingParams, sink: Sink,
+    @property
+    def num_pending(self) -> int:
+        """Submitted requests not finished yet (admitted or still queued for admission)."""
+        return self._pending
+
+    def heartbeat(self) -> dict[str, Any]:
+        """``alive``; ``since_beat_s``: since the loop last came round; ``busy_s``: how long
+        the step or command now running has run (0 between them)."""
+        now = time.monotonic()
+        busy = self._busy_since
+        return {"alive": self.alive, "since_beat_s": now - self._beat,
+                "busy_s": 0.0 if busy is None else now - busy, "pending": self._pending,
+                "running": len(self._live)}
+
+    def submit(self, prompt: Any, sampling: SamplingParams, sink: Sink,
                stream: bool = False) -> Ticket:
-        """Queue a request for admission; answers arrive on ``sink`` (module doc)."""
+        """Queue a request for admission; answers arrive on ``sink`` (module doc). Raises
+        :class:`QueueFull` when ``max_pending`` requests are outstanding."""
         ticket = Ticket(prompt, sampling, sink, stream)
-        self._put(("add", ticket))
+        with self._lock:
+            if self._closed:
+                raise LoopClosed(self.error or "engine loop is stopped")
+            if self.max_pending is not None and self._pending >= self.max_pending:
+                self.rejected_full += 1
+                raise QueueFull(f"server: {self._pending} requests are queued or running (the "
+                                f"limit is {self.max_pending}); retry later")
+            self._pending += 1
+            self._cmds.put(("add", ticket))
         return ticket
+
+    def _done(self, t: Ticket) -> None:
+        """Mark ``t`` finished (once) and release its pending slot."""
+        with self._lock:
+            if not t.done:
+                t.done = True
+                self._pending -= 1
 
     def abort(self, ticket: Ticket) -> None:
         """Abort a submitted request (no-op once finished or if the loop is gone)."""
@@ -164,12 +221,20 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while self._drain(block=not self.engine.has_unfinished()):
+                self._beat = time.monotonic()
                 if self.engine.has_unfinished():
+                    self._busy_since = self._beat
                     self._step()
+                    self._busy_since = None
+                self._beat = time.monotonic()
         except Exception as e:
             self.error = f"engine loop failed: {type(e).__name__}: {e}"
-            log.exception("engine loop failed; finishing every live request with an error")
+            self.error_id = uuid.uuid4().hex[:12]
+            log.exception("engine loop failed (error id %s); finishing every live request with "
+                          "an error", self.error_id)
             self._close(self.error)
+            if self.on_fatal is not None:
+                self.on_fatal(self.error)
             raise
         self._close(None)
 
@@ -189,27 +254,37 @@ class EngineLoop:
 
     def _run_command(self, cmd: tuple[Any, ...]) -> bool:
         kind = cmd[0]
-        if kind == "add":
-            self._admit(cmd[1])
-        elif kind == "abort":
-            self._abort(cmd[1])
-        elif kind == "call":
-            fn, fut = cmd[1], cmd[2]
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(self.engine))
-                except Exception as e:  # noqa: BLE001 (handed to the caller, who re-raises it)
-                    fut.set_exception(e)
-        elif kind == "stop":
-            return False
+        self._busy_since = time.monotonic()
+        try:
+            if kind == "add":
+                self._admit(cmd[1])
+            elif kind == "abort":
+                self._abort(cmd[1])
+            elif kind == "call":
+                fn, fut = cmd[1], cmd[2]
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn(self.engine))
+                    except Exception as e:  # noqa: BLE001 (handed to the caller, who re-raises)
+                        fut.set_exception(e)
+            elif kind == "stop":
+                return False
+        finally:
+            self._busy_since = None
         return True
 
     def _admit(self, t: Ticket) -> None:
         try:
             rid = self.engine.add_request(t.prompt, t.sampling)
         except (ValueError, TypeError) as e:  # RequestError is a ValueError; bad input only
-            t.done = True
+            self._done(t)
             t.sink.put(Rejected(str(e)))
+            return
+        except Exception:  # request-scoped: this prompt alone is refused, the loop goes on
+            eid = uuid.uuid4().hex[:12]
+            log.exception("admitting a request failed (error id %s)", eid)
+            self._done(t)
+            t.sink.put(Rejected(f"could not admit the request (error id {eid})", status=500))
             return
         t.rid = rid
         self._live[rid] = t
@@ -233,7 +308,9 @@ class EngineLoop:
                 self._finish(o.rid, o.error)
             elif t.stream and o.new_token_ids:
                 out = self.engine.output(o.rid)
-                t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, False))
+                # a partial stop string may still complete: not shown until it cannot
+                text = hold_back_stops(out.text, t.sampling.stop)
+                t.sink.put(Chunk(out.token_ids, text, out.metrics.verify_ct, False))
         if self._live and not self.engine.has_unfinished():
             # Safety net: the engine holds no work, so nothing live can progress any more.
             for rid in list(self._live):
@@ -247,9 +324,9 @@ class EngineLoop:
         # The engine keeps every request it has seen (there is no Engine.release(rid) yet);
         # forget finished ones so a long-running server does not grow without bound.
         self.engine.requests.pop(rid, None)
-        t.done = True
+        self._done(t)
         t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, True, reason,
-                         error or out.error, out))
+                         error or out.error, out, out.matched_stop))
 
     def _close(self, error: str | None) -> None:
         """Refuse new work; finish live requests (aborted, or failed with ``error``)."""
@@ -261,8 +338,8 @@ class EngineLoop:
                 self._finish(rid, None)
             else:
                 self._live.pop(rid)
-                t.done = True
-                t.sink.put(Chunk([], "", 0, True, "error", error))
+                self._done(t)
+                t.sink.put(Chunk([], "", 0, True, "error", error, internal=True))
         # Answer whatever was queued before _closed was set.
         while True:
             try:
@@ -270,7 +347,7 @@ class EngineLoop:
             except queue.Empty:
                 break
             if cmd[0] == "add":
-                cmd[1].done = True
+                self._done(cmd[1])
                 cmd[1].sink.put(Rejected(error or "server is shutting down", status=503))
             elif cmd[0] == "call" and cmd[2].set_running_or_notify_cancel():
                 cmd[2].set_exception(LoopClosed(error or "engine loop is stopped"))
