@@ -193,8 +193,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-steps", type=int, default=5)
     s.add_argument("--topk", type=int, default=4)
     s.add_argument("--num-draft-tokens", type=int, default=16)
+    s.add_argument("--policy", default="always", choices=["always", "never", "threshold"],
+                   help="when to speculate (with --draft): always, never, or threshold = while "
+                        "the decode batch is at most --threshold requests")
+    s.add_argument("--threshold", type=int, default=None,
+                   help="--policy threshold: the largest decode batch that still speculates")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=30000)
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--dtype", default="float32")
+    s.add_argument("--max-batch-size", type=int, default=64)
+    s.add_argument("--kv-budget-tokens", type=int, default=65536,
+                   help="KV pool size in tokens (preallocated)")
+    s.add_argument("--max-model-len", type=int, default=None,
+                   help="context length cap (prompt + output); default the model's")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer <key>' (all routes but /health)")
+    s.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger bodies: 413")
+    s.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="longer text prompts: 400 before tokenizing (default 32 x "
+                        "max_model_len)")
+    s.add_argument("--max-waiting", type=int, default=256,
+                   help="requests queued beyond --max-batch-size before 503 + Retry-After")
+    s.add_argument("--limit-concurrency", type=int, default=1024,
+                   help="open connections + tasks before uvicorn answers 503")
+    s.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a request's head and body may take to arrive")
+    s.add_argument("--keep-alive-timeout", type=float, default=5.0)
+    s.add_argument("--health-step-timeout", type=float, default=60.0,
+                   help="/health turns 503 while an engine step has run longer than this")
     s.set_defaults(fn=cmd_serve)
     return p
 
