@@ -1,157 +1,44 @@
-"""SGLang on the 8-GPU box: the launch command, a health wait, and an HTTP client that returns
-the engine's output shapes and emits the engine's trace events.
+"""SGLang on the 8-GPU box: the launch (re-exported from :mod:`workbench.backends.launch`), a
+health wait, and an HTTP client that returns the engine's output shapes and emits the engine's
+trace events.
 
-Flag table (DESIGN.md §6) — what :func:`launch_plan` emits:
-
-=========================================  =========================================
-workbench                                  ``python -m sglang.launch_server``
-=========================================  =========================================
-``target``                                 ``--model-path T``
-``draft`` (spec on)                        ``--speculative-algorithm EAGLE3``
-                                           ``--speculative-draft-model-path D``
-``SpecConfig.num_steps`` (S)               ``--speculative-num-steps S``
-``SpecConfig.topk`` (K)                    ``--speculative-eagle-topk K``
-``SpecConfig.num_draft_tokens`` (N)        ``--speculative-num-draft-tokens N``
-``tp``                                     ``--tp 8``
-``host`` / ``port``                        ``--host H --port P``
-``**extra`` (``mem_fraction_static=0.8``)  ``--mem-fraction-static 0.8`` (True → bare flag;
-                                           False/None → omitted; a list → several values)
-``SpecConfig.simulate_accept_length`` a    environment ``SGLANG_SIMULATE_ACC_LEN=a``
-=========================================  =========================================
-
-Policies: ``Always()`` maps to the plain flags above. ``BatchThreshold(n)`` (stop drafting when
-the decode batch exceeds n) has **no upstream SGLang flag**; upstream SGLang speculates at every
-batch size. The plan therefore leaves it out and says so in ``LaunchPlan.notes`` — unless you run a
-patched SGLang and name its option with ``threshold_flag=`` (for example
-``"--speculative-disable-batch-threshold"``), in which case ``threshold_flag n`` is appended and the
-note says the command needs that patch. ``Never()`` launches without speculation (upstream cannot
-load a draft and leave it idle). Any other policy (e.g. a goodput controller) and
-``draft_state="cold"`` are workbench-only and are noted, not emitted.
+What the client reads from SGLang 0.5.23 (``meta_info`` of a finished ``/generate`` response):
+``spec_verify_ct`` (verify rounds), ``spec_correct_drafts_histogram[k]`` (rounds with k correct
+drafts: per-round accept length k + 1, bonus included) and ``completion_tokens``. Under adaptive
+speculation a steps-0 (plain) round is a verify round with 0 correct drafts: SGLang counts it in
+``spec_verify_ct`` and ``histogram[0]``. The client keeps SGLang's counting, and
+:func:`sglang_accept_lengths` puts an engine run on the same counting (its plain steps as
+accept length 1), so τ means the same thing on both sides.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import shlex
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.backends.launch import (
+    DEFAULT_SPEC,
+    SIMULATE_ACC_LEN_ENV,
+    LaunchPlan,
+    launch_command,
+    launch_plan,
+)
 from workbench.config import SamplingParams, SpecConfig
 from workbench.core import RequestMetrics, RequestOutput
 from workbench.errors import ConfigError, RequestError, RequestFailed
-from workbench.spec.policy import Always, BatchThreshold, Never
+from workbench.spec.policy import BatchThreshold, StepTable
 from workbench.trace import events as ev
 from workbench.trace.tracer import NULL_TRACER
 
-DEFAULT_SPEC = SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
-SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """A launch command, the environment it needs, and notes on what could not be mapped."""
-
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def shell(self) -> str:
-        """One shell line: ``ENV=... python -m sglang.launch_server ...``."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return (env + " " if env else "") + shlex.join(self.command)
-
-
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
-def _extra_flags(extra: dict[str, Any], taken: set[str]) -> list[str]:
-    out: list[str] = []
-    for key, value in extra.items():
-        flag = _flag(key)
-        if flag in taken:
-            raise ConfigError(f"{key}: {flag} is set from launch_plan's own arguments")
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(flag)
-        elif isinstance(value, (list, tuple)):
-            out += [flag, *(str(v) for v in value)]
-        elif isinstance(value, dict):
-            out += [flag, json.dumps(value)]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def launch_plan(target: str, draft: str | None = None, tp: int = 8,
-                spec: SpecConfig | None = None, host: str = "0.0.0.0", port: int = 30000, *,
-                python: str = "python", threshold_flag: str | None = None,
-                **extra: Any) -> LaunchPlan:
-    """The SGLang launch for ``target`` (+ EAGLE-3 ``draft``) on ``tp`` GPUs (module doc).
-
-    ``draft=None`` launches the baseline (``spec`` must then be None). With a draft, ``spec=None``
-    means :data:`DEFAULT_SPEC` (S=5, K=4, N=16).
-    """
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ConfigError(f"tp: must be a positive integer, got {tp!r}")
-    if not isinstance(port, int) or not 0 < port < 65536:
-        raise ConfigError(f"port: must be in 1..65535, got {port!r}")
-    if draft is None and spec is not None:
-        raise ConfigError("spec: given without a draft; pass draft= or spec=None for a baseline")
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", str(target)]
-    env: dict[str, str] = {}
-    notes: list[str] = []
-    if draft is not None:
-        spec = spec or DEFAULT_SPEC
-        policy = spec.policy
-        if isinstance(policy, Never):
-            notes.append("policy Never(): launched without speculation; upstream SGLang cannot "
-                         "load a draft and leave it idle, so this measures the plain baseline")
-        else:
-            cmd += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-                    str(draft), "--speculative-num-steps", str(spec.num_steps),
-                    "--speculative-eagle-topk", str(spec.topk),
-                    "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
-            if isinstance(policy, BatchThreshold):
-                if threshold_flag:
-                    cmd += [threshold_flag, str(policy.n)]
-                    notes.append(f"policy BatchThreshold({policy.n}): emitted as "
-                                 f"{threshold_flag} {policy.n}; this flag does not exist in "
-                                 "upstream SGLang and needs the patched build")
-                else:
-                    notes.append(f"policy BatchThreshold({policy.n}): NOT applied. Upstream "
-                                 "SGLang has no flag to stop drafting above a batch size; it "
-                                 "speculates at every batch size. Run a patched SGLang and pass "
-                                 "threshold_flag= (e.g. '--speculative-disable-batch-threshold') "
-                                 "to apply it")
-            elif not isinstance(policy, Always):
-                notes.append(f"policy {policy!r}: workbench-only, not available in SGLang; "
-                             "launched as Always()")
-            if spec.draft_state != "warm":
-                notes.append(f"draft_state={spec.draft_state!r}: workbench-only; SGLang keeps "
-                             "the draft KV current (warm)")
-            if spec.simulate_accept_length is not None:
-                env[SIMULATE_ACC_LEN_ENV] = repr(float(spec.simulate_accept_length))
-                notes.append(f"simulate_accept_length: {SIMULATE_ACC_LEN_ENV} set; outputs are "
-                             "NOT the target's (not lossless)")
-    cmd += ["--tp", str(tp), "--host", host, "--port", str(port)]
-    taken = {c for c in cmd if c.startswith("--")}
-    cmd += _extra_flags(extra, taken)
-    return LaunchPlan(cmd, env, notes)
-
-
-def launch_command(target: str, draft: str | None = None, tp: int = 8,
-                   spec: SpecConfig | None = None, host: str = "0.0.0.0", port: int = 30000,
-                   **extra: Any) -> list[str]:
-    """``launch_plan(...).command``; read :func:`launch_plan`'s notes for policies that do not
-    map onto upstream flags (``BatchThreshold`` does not)."""
-    return launch_plan(target, draft, tp, spec, host, port, **extra).command
+__all__ = ["DEFAULT_SPEC", "SIMULATE_ACC_LEN_ENV", "LaunchPlan", "SGLangClient",
+           "accept_lengths_from_histogram", "approx_accept_lengths", "launch_command",
+           "launch_plan", "round_accept_lengths", "sglang_accept_lengths",
+           "sglang_sampling_params", "wait_healthy"]
 
 
 def wait_healthy(url: str, timeout: float = 900.0, interval: float = 2.0,
@@ -207,13 +94,48 @@ def sglang_sampling_params(sp: SamplingParams) -> dict[str, Any]:
 
 
 def approx_accept_lengths(completion_tokens: int, verify_ct: int) -> list[int]:
-    """Per-step τ consistent with SGLang's per-request numbers: ``verify_ct`` integers summing
-    to ``completion_tokens`` (mean = ``spec_accept_length``), spread as evenly as possible.
-    SGLang reports only the mean, so the per-step spread is an approximation."""
+    """Per-round τ when only the mean is known: ``verify_ct`` integers summing to
+    ``completion_tokens`` (mean = ``spec_accept_length``), spread as evenly as possible. Used
+    for servers that send no ``spec_correct_drafts_histogram`` (older SGLang, ``workbench
+    serve``); the per-round spread is then an approximation."""
     if verify_ct <= 0:
         return []
     q, r = divmod(completion_tokens, verify_ct)
     return [q + 1] * r + [q] * (verify_ct - r)
+
+
+def accept_lengths_from_histogram(histogram: Sequence[int]) -> list[int]:
+    """SGLang's ``spec_correct_drafts_histogram`` → per-round accept lengths (k correct drafts
+    → k + 1 tokens, the bonus included), in histogram order. ``histogram[0]`` includes the
+    steps-0 (plain) rounds of an adaptive launch, each of accept length 1."""
+    out: list[int] = []
+    for k, count in enumerate(histogram):
+        if not isinstance(count, int) or count < 0:
+            raise RequestFailed(f"spec_correct_drafts_histogram[{k}]: expected a count >= 0, "
+                                f"got {count!r}")
+        out += [k + 1] * count
+    return out
+
+
+def round_accept_lengths(meta: dict[str, Any]) -> list[int]:
+    """Per-round accept lengths of one finished SGLang request (``meta_info``): exact from the
+    histogram when present (it sums to ``spec_verify_ct``), else :func:`approx_accept_lengths`."""
+    verify_ct = int(meta.get("spec_verify_ct") or 0)
+    hist = meta.get("spec_correct_drafts_histogram")
+    if hist:
+        lengths = accept_lengths_from_histogram(hist)
+        if verify_ct and len(lengths) != verify_ct:
+            raise RequestFailed(f"spec_correct_drafts_histogram: {len(lengths)} rounds but "
+                                f"spec_verify_ct={verify_ct}")
+        return lengths
+    return approx_accept_lengths(int(meta.get("completion_tokens") or 0), verify_ct)
+
+
+def sglang_accept_lengths(metrics: RequestMetrics) -> list[int]:
+    """An engine request's accept lengths counted as SGLang counts them under adaptive
+    speculation: every plain step is a round of accept length 1 (SGLang's steps-0 rounds land
+    in ``spec_verify_ct`` and ``histogram[0]``). Compare its mean with a box run's τ."""
+    return list(metrics.accept_lengths) + [1] * metrics.plain_steps
 
 
 def _finish_type(fr: Any) -> str:
@@ -232,9 +154,10 @@ class SGLangClient:
     """Talks to an SGLang (or ``python -m workbench serve``) server like ``engine.generate``.
 
     ``generate`` returns :class:`~workbench.core.RequestOutput` objects (token_ids, text,
-    finish_reason, metrics with ``verify_ct`` and ``accept_lengths`` from ``meta_info``; see
-    :func:`approx_accept_lengths`) and, when a tracer is set (``wb.trace(client)`` works),
-    emits ``RequestAdmitted`` and ``RequestFinished`` events like the engine does. Requests run
+    finish_reason, metrics with ``verify_ct`` and per-round ``accept_lengths`` from
+    ``meta_info``, SGLang's counting: module doc) and, when a tracer is set
+    (``wb.trace(client)`` works), emits ``RequestAdmitted`` and ``RequestFinished`` events like
+    the engine does. Requests run
     concurrently on up to ``max_concurrency`` threads. ``stream=True`` (default) measures TTFT
     and per-token times from the streamed chunks.
     """
@@ -285,17 +208,36 @@ class SGLangClient:
         r.raise_for_status()
         return r.json()
 
+    def speculation_mode(self) -> str:
+        """What the server really runs, from ``/server_info``: ``"none"``, ``"static"`` or
+        ``"adaptive"`` (``speculative_adaptive`` is the *resolved* value: SGLang turns it off
+        with only a warning when it cannot run adaptive, e.g. topk != 1)."""
+        info = self.server_info()
+        if info.get("speculative_algorithm") in (None, "", "NONE"):
+            return "none"
+        return "adaptive" if info.get("speculative_adaptive") else "static"
+
     def _check_spec(self, spec: SpecConfig) -> None:
         info = self.server_info()
         if info.get("speculative_algorithm") in (None, "", "NONE"):
             raise ConfigError("spec: the server was launched without speculative decoding")
-        for name, key in (("num_steps", "speculative_num_steps"),
-                          ("topk", "speculative_eagle_topk"),
-                          ("num_draft_tokens", "speculative_num_draft_tokens")):
+        tiered = isinstance(spec.policy, (BatchThreshold, StepTable))
+        if tiered and not info.get("speculative_adaptive"):
+            raise ConfigError(
+                f"spec.policy: {spec.policy!r} runs upstream as adaptive speculation, but "
+                "/server_info says speculative_adaptive="
+                f"{info.get('speculative_adaptive')!r}: SGLang fell back to static speculation "
+                "(topk != 1, attention DP, … turn it off with only a warning) and speculates at "
+                "every batch size; this would not be a threshold experiment")
+        checks = (("topk", "speculative_eagle_topk"),) if tiered else (
+            ("num_steps", "speculative_num_steps"), ("topk", "speculative_eagle_topk"),
+            ("num_draft_tokens", "speculative_num_draft_tokens"))
+        for name, key in checks:
             have = info.get(key)
-            if have is not None and have != getattr(spec, name):
+            want = 1 if tiered and name == "topk" else getattr(spec, name)
+            if have is not None and have != want:
                 raise ConfigError(f"spec.{name}: server runs {key}={have}, asked for "
-                                  f"{getattr(spec, name)}; spec is fixed at launch in SGLang")
+                                  f"{want}; spec is fixed at launch in SGLang")
 
     # -- generation --------------------------------------------------------------------------
     def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
@@ -306,7 +248,9 @@ class SGLangClient:
 
         ``spec``: speculation is fixed when an SGLang server launches, so ``spec`` is checked
         against ``/server_info`` (ConfigError on a mismatch) rather than applied; ``None`` uses
-        whatever the server runs. A 400 raises RequestError naming the field; other failures
+        whatever the server runs. A ``BatchThreshold`` / ``StepTable`` spec also needs the
+        server's resolved ``speculative_adaptive`` to be true: ConfigError when SGLang fell
+        back to static speculation. A 400 raises RequestError naming the field; other failures
         raise RequestFailed.
         """
         plist: list[str | Sequence[int]]
@@ -377,7 +321,7 @@ class SGLangClient:
         ids = list(last.get("output_ids") or [])
         n = int(meta.get("completion_tokens") or len(ids))
         m.verify_ct = int(meta.get("spec_verify_ct") or 0)
-        m.accept_lengths = approx_accept_lengths(n, m.verify_ct)
+        m.accept_lengths = round_accept_lengths(meta)
         reason = _finish_type(meta.get("finish_reason"))
         error = None
         if reason in ("abort", "error") and isinstance(meta.get("finish_reason"), dict):
