@@ -196,7 +196,12 @@ def test_lab_explorer_step_replaces_the_placeholder(lab: tuple[str, Path],
                 "() => document.body.innerText.includes('this step τ =')", timeout=60_000)
             placeholders = page.locator(placeholder).count()
             svg_text = page.locator(".jp-Notebook .js-plotly-plot").first.inner_text()
-            page.screenshot(path=str(tmp_path / "lab_explorer.png"), full_page=False)
+            shot = tmp_path / "lab_explorer.png"
+            page.screenshot(path=str(shot), full_page=False)
+            keep = os.environ.get("WB_SCREENSHOTS")  # a folder to keep the screenshot in
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                shutil.copy(shot, Path(keep) / shot.name)
         finally:
             browser.close()
     assert "press step" in before
