@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 EXTRAS := dev,notebooks,kernels,serve
 
-.PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks
+.PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks sglang-ref
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,21 @@ endif
 
 venv: $(STAMP)
 
+# SGLang 0.5.23 as the tests' oracle: its own server-args parser and adaptive-speculation router
+# check every launch plan (tests/backends). --no-deps, because the wheel's own requirements pull a
+# CUDA torch; the parser and router import only these light packages.
+SGLANG_REF := sglang==0.5.23
+SGLANG_LIGHT := orjson pybase64 pillow msgspec aiohttp pyzmq psutil requests packaging starlette \
+	pydantic tqdm ipython
+SGLANG_STAMP := $(VENV)/.sglang-0.5.23
+
+$(SGLANG_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps $(SGLANG_REF)
+	$(BIN)/pip install -q $(SGLANG_LIGHT)
+	touch $(SGLANG_STAMP)
+
+sglang-ref: $(SGLANG_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m workbench demo
 
@@ -37,7 +52,7 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "WARNING: chromium not installed; browser checks will be skipped"; }
 
-test: $(STAMP) browser
+test: $(STAMP) $(SGLANG_STAMP) browser
 	$(BIN)/ruff check workbench tests scripts
 	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \
 		--durations=15 tests
