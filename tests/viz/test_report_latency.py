@@ -54,3 +54,15 @@ def test_closed_loop_samples_every_request(engine: wb.Engine) -> None:
     assert fig.layout.xaxis.type == "log"
     with pytest.raises(ValueError, match="concurrency"):
         closed_loop_outputs(engine, prompts, None, 0, 1, 4)
+
+
+def test_ratio_ci_is_geometric_and_positive() -> None:
+    from workbench.viz.report import ratio_ci
+
+    df = pd.DataFrame({"arm": ["a"] * 3 + ["b"], "speedup": [0.5, 2.0, 1.0, 1.5]})
+    out = ratio_ci(df, ["arm"], "speedup").set_index("arm")
+    assert out.loc["a", "speedup"] == pytest.approx(1.0)  # (0.5 · 2 · 1)^(1/3)
+    assert 0 < out.loc["a", "speedup_lo"] < 1 < out.loc["a", "speedup_hi"]
+    assert out.loc["a", "speedup_lo"] * out.loc["a", "speedup_hi"] == pytest.approx(1.0)
+    assert out.loc["b", "speedup_lo"] == out.loc["b", "speedup_hi"] == 1.5 and \
+        out.loc["b", "n"] == 1

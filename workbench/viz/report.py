@@ -68,3 +68,27 @@ def highlight_flagged(df: pd.DataFrame, column: str = "flags") -> Any:
         return ["background-color:#fff4e5" if bad else "" for _ in row]
 
     return df.style.apply(paint, axis=1).format(precision=2)
+
+
+def ratio_ci(df: pd.DataFrame, by: Sequence[str], value: str,
+             conf: float = 0.95) -> pd.DataFrame:
+    """Per group of ``by``: the geometric mean of a ratio column ``value`` (speedups) and its
+    confidence interval, computed on log(value) with :func:`workbench.bench.sanity.mean_ci`
+    and mapped back — a ratio's interval stays positive and symmetric in log space (a
+    Student-t interval on the raw ratios can reach below 0× with few noisy repeats). Columns:
+    ``by``..., ``value``, ``<value>_lo``, ``<value>_hi``, ``n``."""
+    import math
+
+    import pandas as pd
+
+    from workbench.bench.sanity import mean_ci
+
+    if (df[value] <= 0).any():
+        raise ValueError(f"ratio_ci: {value} must be > 0")
+    rows = []
+    for key, g in df.groupby(list(by), sort=False):
+        keys = key if isinstance(key, tuple) else (key,)
+        m, lo, hi = mean_ci([math.log(v) for v in g[value]], conf)
+        rows.append({**dict(zip(by, keys, strict=True)), value: math.exp(m),
+                     f"{value}_lo": math.exp(lo), f"{value}_hi": math.exp(hi), "n": len(g)})
+    return pd.DataFrame(rows, columns=[*by, value, f"{value}_lo", f"{value}_hi", "n"])
