@@ -383,6 +383,11 @@ def bench_http(ns: argparse.Namespace) -> int:
 
 
 def bench_threshold(ns: argparse.Namespace) -> int:
+    if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.backends.box)
+        from workbench.backends.box import sweep_threshold
+
+        sweep_threshold(ns.url, _prompts(ns), _levels(ns), _max_new(ns), ns.out)
+        return 0
     from workbench.bench.concurrency import find_threshold, run_concurrency
 
     levels = _levels(ns)
