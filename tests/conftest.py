@@ -8,6 +8,9 @@ from pathlib import Path
 
 # Must precede any triton import (transformers may import it): kernel tests run on CPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engine init's measured choices are cached per test session, never in ~/.cache (autotune.py)
+os.environ.setdefault("WORKBENCH_AUTOTUNE_CACHE", os.path.join(
+    __import__("tempfile").mkdtemp(prefix="wb-autotune-"), "autotune.json"))
 
 import pytest
 

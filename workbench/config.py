@@ -35,8 +35,13 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode CUDA graphs at init (CUDA only; CPU skips)
     cuda_graphs_fallback: bool = False  # capture failure → eager engine + "fallback" InitStage
     overlap_schedule: bool = False  # CUDA: async metadata staging (engine/overlap.py); CPU no-op
-    # target GEMMs: "auto" = oneDNN-packed weights on a float32 CPU model, else dense F.linear
+    # target GEMMs: "auto" = dense F.linear or oneDNN-packed weights, whichever is faster on
+    # this machine, timed at init on the model's weights and cached (engine/autotune.py)
     gemm: Literal["auto", "onednn", "dense"] = "auto"
+    # Inductor-compiled bs=1 decode forward (engine/compiled.py): "on" compiles at init and
+    # measures it against eager, "auto" compiles only where that measurement found it faster
+    # on this machine kind and model (cached verdict), "off" never
+    compile: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -70,6 +75,8 @@ class EngineConfig:
                               "in auto/torch/triton/flashinfer")
         if self.gemm not in ("auto", "onednn", "dense"):
             raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
+        if self.compile not in ("auto", "on", "off"):
+            raise ConfigError(f"EngineConfig.compile: {self.compile!r} not in auto/on/off")
         for name in ("self_check", "allow_baseline_fallback", "cuda_graphs",
                      "cuda_graphs_fallback", "overlap_schedule"):
             if not isinstance(getattr(self, name), bool):

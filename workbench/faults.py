@@ -16,8 +16,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-INIT_STAGES = ("load_config", "load_target", "load_draft", "allocate_kv", "attention_backend",
-               "draft_attention_backend", "cuda_graphs", "self_check")
+INIT_STAGES = ("load_config", "load_target", "load_draft", "autotune", "allocate_kv",
+               "attention_backend", "draft_attention_backend", "cuda_graphs", "compile",
+               "self_check")
 STEP_PHASES = ("schedule", "prefill", "draft", "verify", "accept", "commit", "extend", "sampler",
                "hook", "nan_logits")
 

@@ -43,8 +43,9 @@ def chain(e: BaseException) -> list[BaseException]:
 
 
 def test_all_stages_are_covered() -> None:
-    assert STAGES == ("load_config", "load_target", "load_draft", "allocate_kv",
-                      "attention_backend", "draft_attention_backend", "cuda_graphs", "self_check")
+    assert STAGES == ("load_config", "load_target", "load_draft", "autotune", "allocate_kv",
+                      "attention_backend", "draft_attention_backend", "cuda_graphs", "compile",
+                      "self_check")
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -111,6 +111,8 @@ class Engine:
         self._deferred_aborts: list[int] = []
         self._row_errors: dict[int, str] = {}  # rid → request-scoped sampling failure this step
         self.init_log: list[tuple[str, str, float]] = []
+        # every machine-dependent "auto", decided at init (engine/autotune.py): name → Choice dict
+        self.choices: dict[str, Any] = {}
         self._init()
 
     @classmethod
@@ -124,10 +126,12 @@ class Engine:
             ("load_config", self._stage_load_config),
             ("load_target", self._stage_load_target),
             ("load_draft", self._stage_load_draft),
+            ("autotune", self._stage_autotune),
             ("allocate_kv", self._stage_allocate_kv),
             ("attention_backend", self._stage_attention_backend),
             ("draft_attention_backend", self._stage_draft_attention_backend),
             ("cuda_graphs", self._stage_cuda_graphs),
+            ("compile", self._stage_compile),
             ("self_check", self._stage_self_check),
         ]
         for name, fn in stages:
@@ -202,6 +206,15 @@ class Engine:
                                                   self.config.dtype, self.config.device)
         self.draft.fuse(self.config.gemm)
 
+    def _stage_autotune(self) -> str:
+        """Measure every machine-dependent "auto" (GEMM path...) on the real weights, or read
+        the per-machine cache (engine/autotune.py); the choices and timings are the detail."""
+        from workbench.engine import autotune
+
+        found = autotune.autotune(self)
+        self.choices = {name: c.to_dict() for name, c in found.items()}
+        return autotune.describe(found)
+
     def _stage_allocate_kv(self) -> None:
         cfg, mc = self.config, self.model_config
         assert mc is not None
@@ -245,6 +258,14 @@ class Engine:
 
         self.graphs = cuda_graphs.capture(self)
         return f"captured {len(self.graphs.graphs)} graphs ({self.graphs.attention} attention)"
+
+    def _stage_compile(self) -> str:
+        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
+        (engine/compiled.py). A compile that fails or overruns its budget leaves the engine
+        eager, named in the detail; the self-check below then runs through whichever path won."""
+        from workbench.engine import compiled
+
+        return compiled.compile_stage(self)
 
     def _stage_self_check(self) -> None:
         if not self.config.self_check:

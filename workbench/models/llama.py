@@ -405,10 +405,18 @@ class LlamaForCausalLM(nn.Module):
         is a large share of a decode step, so every op counts here. GEMMs per ``self.gemm``."""
         if self._fast is None:
             self.fuse()
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rolled_rope_tables(*self.model.rotary_emb.cos_sin(positions, x.dtype))
+        return self.layers_forward(x, cos, sin, attn, aux_layers)
+
+    def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       attn: AttentionBackend, aux_layers: Sequence[int] = (),
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`forward` after the embedding and RoPE tables (``rolled_rope_tables``): the
+        decoder layers and the final norm. Shape-static given x (T, D), which is what a
+        compiled step (``workbench.engine.compiled``) traces."""
         lin, lin_add = gemm_ops(self.gemm)
         m, eps = self.model, self.config.rms_norm_eps
-        x = m.embed_tokens(tokens)
-        cos, sin = rolled_rope_tables(*m.rotary_emb.cos_sin(positions, x.dtype))
         d = (x.shape[-1],)
         taps: dict[int, torch.Tensor] = {}
         for i, f in enumerate(self._fast):  # type: ignore[union-attr]

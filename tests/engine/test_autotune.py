@@ -1,0 +1,93 @@
+"""The ``autotune`` init stage: measured choices on the real weights, cached per machine kind
+and model (a second start reads the cache), forced choices kept, outputs unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.engine import autotune
+from workbench.trace.tracer import RecordingTracer
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "autotune.json"
+    monkeypatch.setenv(autotune.ENV_CACHE, str(path))
+    return path
+
+
+def _stage(rec: RecordingTracer, name: str) -> object:
+    (s,) = [x for x in rec.of("InitStage") if x.stage == name]
+    return s
+
+
+def test_measured_then_cached(cache: Path, micro_target: Path) -> None:
+    rec = RecordingTracer()
+    e = wb.Engine(micro_target, config=wb.EngineConfig(), tracer=rec)
+    try:
+        gemm = e.choices["gemm"]
+        assert gemm["source"] == "measured" and gemm["choice"] in ("dense", "onednn")
+        assert set(gemm["timings_ms"]) == {"dense", "onednn"}
+        assert set(gemm["timings_ms"]["dense"]) == set(autotune.SHAPES)
+        assert e.target.gemm == gemm["choice"]
+        stage = _stage(rec, "autotune")
+        assert stage.status == "ok" and f"gemm={gemm['choice']} (measured" in stage.detail
+        assert e.choices["attention"]["choice"] == "torch"
+        first = e.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=6))[0].token_ids
+    finally:
+        e.close()
+    doc = json.loads(cache.read_text())
+    (entry,) = doc["entries"].values()
+    assert entry["gemm"]["choice"] == gemm["choice"]
+    rec2 = RecordingTracer()
+    with wb.Engine(micro_target, config=wb.EngineConfig(), tracer=rec2) as e2:
+        assert e2.choices["gemm"]["source"] == "cached"
+        assert e2.choices["gemm"]["choice"] == gemm["choice"]
+        assert "(cached" in _stage(rec2, "autotune").detail
+        again = e2.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=6))[0].token_ids
+    assert again == first
+
+
+@pytest.mark.parametrize("gemm", ["dense", "onednn"])
+def test_forced_choice_is_not_measured(cache: Path, micro_target: Path, gemm: str) -> None:
+    with wb.Engine(micro_target, config=wb.EngineConfig(gemm=gemm)) as e:
+        assert e.choices["gemm"] == {**e.choices["gemm"], "choice": gemm, "source": "forced"}
+        assert e.target.gemm == gemm
+    assert not cache.exists()  # nothing measured, nothing cached
+
+
+def test_cache_key_follows_the_model(cache: Path, micro_target: Path, tmp_path: Path) -> None:
+    with wb.Engine(micro_target) as e:
+        key = autotune.cache_key(e)
+        other = json.loads(key)
+        assert other["cpu"] and other["torch"] == torch.__version__
+        assert other["target"] == autotune.model_fingerprint(micro_target, e.target)
+
+
+def test_corrupt_cache_is_ignored_and_rewritten(cache: Path, micro_target: Path) -> None:
+    cache.write_text("{not json")
+    with wb.Engine(micro_target) as e:
+        assert e.choices["gemm"]["source"] == "measured"
+    assert json.loads(cache.read_text())["entries"]
+
+
+def test_cache_off(monkeypatch: pytest.MonkeyPatch, micro_target: Path) -> None:
+    monkeypatch.setenv(autotune.ENV_CACHE, "off")
+    assert autotune.cache_path() is None
+    with wb.Engine(micro_target) as e:
+        assert e.choices["gemm"]["source"] == "measured"
+
+
+def test_pick_prefers_default_within_margin() -> None:
+    t = {"dense": {"a": 1.0, "b": 2.0}, "onednn": {"a": 0.99, "b": 1.98}}
+    assert autotune.pick(t, "dense") == "dense"
+    t["onednn"] = {"a": 0.5, "b": 1.0}
+    assert autotune.pick(t, "dense") == "onednn"
+    # weighted: a big loss at the heavy shape outweighs a win at a light one
+    t = {"dense": {"x": 1.0, "y": 1.0}, "onednn": {"x": 2.0, "y": 0.8}}
+    assert autotune.pick(t, "dense", weights={"x": 2.0, "y": 0.5}) == "dense"

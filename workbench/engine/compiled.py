@@ -1,0 +1,238 @@
+"""An Inductor-compiled bs=1 decode forward for CPU engines (``EngineConfig.compile``).
+
+A plain bs=1 decode step runs thousands of tiny ops per token; on a CPU whose caches hold the
+whole model (issue 18: a 2-core Xeon) that per-op overhead is ~60 % of the step. The usual
+lever (gpt-fast) is to compile the step with fixed shapes: here ``torch.compile(fullgraph=True,
+dynamic=False)`` of the target's decoder layers (``LlamaForCausalLM.layers_forward``) for one
+row (M=1), with the paged attention as an opaque custom op (``workbench::paged_attention``)
+that calls back into the engine's planned backend — so the KV pool, the plan and the ragged
+paths stay exactly the eager ones, and only the norms, RoPE, SiLU·up and GEMM calls around
+them are traced and fused.
+
+:class:`CompiledSteps` plugs into the engine where CUDA graphs do (``Engine.graphs``): its
+:meth:`~CompiledSteps.run` serves a single request's one-token forward and returns None for
+anything else (prefill chunks, verifies, batches; the caller runs those eagerly).
+
+Init (:func:`build`): compile and warm up, then time compiled vs eager on the same plan. The
+stage never leaves a half-built runner: the runner is installed only after every graph compiled
+and ran; a compile that raises or takes longer than its budget is dropped (eager), and the
+reason is in the stage's detail. Verdicts (``on``: measured faster than eager by the margin;
+``off``: not faster, failed or over budget) are cached per machine kind and model with the
+other measured choices (``engine/autotune.py``); ``compile="auto"`` compiles only on a cached
+``on`` verdict, since measuring means compiling (minutes on a small CPU: 154 s for the shipped
+18-layer target on a loaded 2-core EPYC), far beyond a start-up budget.
+
+Outputs: Inductor fuses the pointwise ops (RMSNorm, RoPE, SiLU·up), which can round
+differently from eager in the last bit; losslessness (speculative == plain output) holds
+within a compiled engine and is tested on this path (tests/engine/test_compiled.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from workbench.models.llama import rolled_rope_tables
+
+BUDGET_S = float(os.environ.get("WORKBENCH_COMPILE_BUDGET_S", "300"))
+MARGIN = 0.03  # compiled must beat eager by this much to be kept under "auto"
+# what a failing torch.compile raises (Dynamo/Inductor errors are RuntimeErrors; a missing C++
+# compiler an OSError or RuntimeError; unsupported code NotImplementedError / AssertionError)
+COMPILE_ERRORS = (RuntimeError, OSError, AssertionError, NotImplementedError, TypeError,
+                  ValueError)
+
+# key → the attention backend a compiled graph calls back into (weak: a closed engine's pool
+# is freed even if a compiled graph outlives it in Dynamo's cache)
+_BACKENDS: dict[int, weakref.ref[Any]] = {}
+_KEYS = itertools.count()
+
+
+@torch.library.custom_op("workbench::paged_attention", mutates_args=())
+def paged_attention(key: int, layer: int, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> torch.Tensor:
+    """The planned backend's ``run(layer, q, k, v)`` (writes k/v into the pool it owns, which
+    is not a graph input): opaque to Dynamo, so the compiled graph keeps the eager attention."""
+    backend = _BACKENDS[key]()
+    if backend is None:
+        raise RuntimeError("workbench::paged_attention: the engine of this compiled step is "
+                           "closed")
+    out: torch.Tensor = backend.run(layer, q, k, v)
+    return out.clone() if out._base is not None else out
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(key: int, layer: int, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor) -> torch.Tensor:
+    return q.new_empty(q.shape)
+
+
+class _OpAttention:
+    """An ``AttentionBackend`` whose ``run`` is the custom op (what the graph traces)."""
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.ops.workbench.paged_attention(self.key, layer, q, k, v)
+
+
+@dataclass
+class CompileReport:
+    """What the compile stage did: ``status`` ``compiled`` / ``fallback``; ``seconds`` of
+    compile + warm-up; eager and compiled median ms of one decode forward; ``reason``."""
+
+    status: str
+    seconds: float = 0.0
+    eager_ms: float = float("nan")
+    compiled_ms: float = float("nan")
+    reason: str = ""
+
+    @property
+    def faster(self) -> bool:
+        return self.compiled_ms * (1 + MARGIN) < self.eager_ms
+
+
+class CompiledSteps:
+    """Compiled one-row target forward; :meth:`run` matches ``GraphRunner.run``."""
+
+    def __init__(self, engine: Any, fn: Callable[..., Any], key: int) -> None:
+        self.engine, self.fn, self.key = engine, fn, key
+        self.aux = tuple(engine.aux_layers)
+        self.calls = 0
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+            q_lens: list[int], kv_slots: list[torch.Tensor],
+            tree_masks: list[torch.Tensor | None] | None = None, want_aux: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The forward for one request and one new token; None (→ eager) otherwise."""
+        if q_lens != [1] or (tree_masks is not None and any(m is not None for m in tree_masks)):
+            return None
+        e = self.engine
+        e.attn.plan(write_slots, q_lens, kv_slots, tree_masks)
+        self.calls += 1
+        hidden, aux = self.fn(tokens, positions)
+        return hidden, aux if want_aux else None
+
+    def close(self) -> None:
+        _BACKENDS.pop(self.key, None)
+
+
+def _make_fn(engine: Any, key: int) -> Callable[..., Any]:
+    target, aux = engine.target, tuple(engine.aux_layers)
+    attn = _OpAttention(key)
+    compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
+
+    def fn(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
+        x = target.model.embed_tokens(tokens)
+        cos, sin = rolled_rope_tables(*target.model.rotary_emb.cos_sin(positions, x.dtype))
+        return compiled(x, cos, sin, attn, aux)
+
+    return fn
+
+
+def _decode_timer(engine: Any, fn: Callable[..., Any] | None, context: int = 64
+                  ) -> Callable[[], Any]:
+    """One bs=1 decode forward at ``context`` tokens (slots 0..context of the empty pool)."""
+    slots = torch.arange(context + 1)
+    tokens = torch.tensor([1])
+    pos = torch.tensor([context])
+
+    def eager() -> Any:
+        engine.attn.plan(slots[context:], [1], [slots])
+        return engine.target(tokens, pos, engine.attn, engine.aux_layers)
+
+    def compiled() -> Any:
+        engine.attn.plan(slots[context:], [1], [slots])
+        return fn(tokens, pos)  # type: ignore[misc]
+
+    return eager if fn is None else compiled
+
+
+def build(engine: Any, budget_s: float = BUDGET_S,
+          measure_s: float = 2.0) -> tuple[CompiledSteps | None, CompileReport]:
+    """Compile, warm up and time the one-row forward. Returns (runner or None, report); the
+    runner is None when the compile raised or ran over ``budget_s`` (nothing half-built is
+    kept). Must run while no request holds KV (engine init): warm-ups write slots 0..64."""
+    from workbench.engine.autotune import median_ms
+
+    key = next(_KEYS)
+    _BACKENDS[key] = weakref.ref(engine.attn)
+    t0 = time.perf_counter()
+    try:
+        fn = _make_fn(engine, key)
+        with torch.inference_mode():
+            _decode_timer(engine, fn)()  # compiles
+            _decode_timer(engine, fn)()
+    except COMPILE_ERRORS as e:  # a compiler failure means: run eagerly, said so in the detail
+        _BACKENDS.pop(key, None)
+        return None, CompileReport("fallback", time.perf_counter() - t0,
+                                   reason=f"compile failed: {type(e).__name__}: "
+                                          f"{str(e).splitlines()[0] if str(e) else ''}")
+    seconds = time.perf_counter() - t0
+    if seconds > budget_s:
+        _BACKENDS.pop(key, None)
+        return None, CompileReport("fallback", seconds,
+                                   reason=f"compile took {seconds:.0f} s > budget {budget_s:.0f} s")
+    with torch.inference_mode():
+        eager_ms = median_ms(_decode_timer(engine, None), measure_s / 2, max_reps=200)
+        comp_ms = median_ms(_decode_timer(engine, fn), measure_s / 2, max_reps=200)
+    return CompiledSteps(engine, fn, key), CompileReport("compiled", seconds, eager_ms, comp_ms)
+
+
+def compile_stage(engine: Any) -> str:
+    """The engine's ``compile`` init stage (see the module docstring): decide, maybe build,
+    record ``engine.choices["compile"]`` and the cached verdict; returns the detail line."""
+    from workbench.engine import autotune
+
+    mode = engine.config.compile
+    cands = ("eager", "compiled")
+
+    def done(choice: autotune.Choice) -> str:
+        engine.choices["compile"] = choice.to_dict()
+        return choice.detail()
+
+    if torch.device(engine.config.device).type != "cpu":
+        return done(autotune.Choice("compile", "off", "only", ("eager",),
+                                    note="CPU only (CUDA graphs serve the GPU)"))
+    if engine.graphs is not None:
+        return done(autotune.Choice("compile", "off", "only", ("eager",),
+                                    note="another step runner is installed"))
+    if mode == "off":
+        return done(autotune.Choice("compile", "off", "forced", cands))
+    path = autotune.cache_path()
+    key = autotune.cache_key(engine)
+    cached = autotune.read_cache(path).get(key, {}).get("compile")
+    if mode == "auto" and (cached is None or cached.get("choice") != "on"):
+        if cached is None:
+            return done(autotune.Choice(
+                "compile", "off", "auto", cands,
+                note="not measured for this machine kind and model: measuring means compiling "
+                     "(minutes on a small CPU); EngineConfig(compile='on') measures it once and "
+                     "caches the verdict"))
+        return done(autotune.Choice("compile", "off", "cached", cands,
+                                    cached.get("timings_ms", {}), note=cached.get("note", "")))
+    runner, rep = build(engine)
+    timings = {} if rep.status != "compiled" else {
+        "eager": {"decode M=1": rep.eager_ms}, "compiled": {"decode M=1": rep.compiled_ms}}
+    verdict = "on" if rep.status == "compiled" and rep.faster else "off"
+    note = rep.reason or (f"compiled in {rep.seconds:.1f} s; "
+                          f"{'faster' if rep.faster else 'not faster'} than eager")
+    autotune.write_cache(path, key, {"compile": autotune.Choice(
+        "compile", verdict, "measured", cands, timings, rep.seconds, note)})
+    keep = runner is not None and (mode == "on" or verdict == "on")
+    if runner is not None and not keep:
+        runner.close()
+    if keep:
+        engine.graphs = runner
+    source = "forced" if mode == "on" else "measured"
+    status = "on" if keep else "off"
+    if rep.status == "fallback":
+        note = f"fallback to eager: {rep.reason}"
+    return done(autotune.Choice("compile", status, source, cands, timings, rep.seconds, note))
