@@ -35,7 +35,7 @@ import workbench as wb
 from workbench.serve.server import ServeLimits, ServerHandle, start_server
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_prompt_chars=4096, read_timeout_s=1.0,
-                     keep_alive_s=1.0, max_header_bytes=16 << 10)
+                     keep_alive_s=1.0, max_header_bytes=16 << 10, health_step_s=1.0)
 CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
                                                           "ignore_eos": True}}
 DEADLINE_S = 15.0  # a connection case that is not over by then has hung
@@ -391,6 +391,35 @@ def test_health_reports_the_heartbeat(client: httpx.Client, adv: ServerHandle,
     loop = r.json()["loop"]
     assert loop["alive"] is True and loop["since_beat_s"] < LIMITS.health_step_s
     assert loop["busy_s"] >= 0
+    still_serves(adv, canary_text)
+
+
+def test_health_turns_red_while_a_step_hangs(adv: ServerHandle, canary_text: str) -> None:
+    """A step stuck longer than health_step_s: /health 503 (HTTP itself is fine), then 200
+    again once the step ends."""
+    hung = threading.Event()
+
+    def slow_once(event: object) -> None:
+        if not hung.is_set():
+            hung.set()
+            time.sleep(3 * LIMITS.health_step_s)
+
+    handle = adv.call(lambda e: e.hooks.register(slow_once, ["StepTiming"]))
+    try:
+        t = threading.Thread(target=httpx.post, args=(adv.url + "/generate",),
+                             kwargs={"json": CANARY, "timeout": 60})
+        t.start()
+        assert hung.wait(DEADLINE_S)
+        codes = []
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline and 503 not in codes:
+            codes.append(httpx.get(adv.url + "/health", timeout=5).status_code)
+            time.sleep(0.1)
+        assert 503 in codes, codes
+        t.join(60)
+    finally:
+        adv.call(lambda e: e.hooks.unregister(handle))
+    assert httpx.get(adv.url + "/health").status_code == 200
     still_serves(adv, canary_text)
 
 
