@@ -9,6 +9,34 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.config import SamplingParams
+from workbench.errors import RequestError
+
+
+@dataclass(frozen=True)
+class LogprobParams:
+    """Which log-probabilities a request returns (SGLang ``return_logprob``).
+
+    Output tokens always: ``log_softmax(logits / T)`` of the target's logits at the position
+    that produced the token (T = the request's temperature; raw logits when greedy), as
+    SGLang computes them; under speculation these are the verify logits, so they equal the
+    baseline's. ``top_k`` > 0 adds that many most likely tokens per position. ``start`` (SGLang
+    ``logprob_start_len``) also scores the prompt tokens from that index on, with the raw
+    logits of the prefill (the prompt token at index 0 has no context: its entry is None).
+    """
+
+    top_k: int = 0
+    start: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise RequestError(f"top_logprobs_num: must be an integer >= 0, got {self.top_k!r}")
+        s = self.start
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
+            raise RequestError(f"logprob_start_len: must be an integer >= 0 or None, got {s!r}")
+
+
+# one position's top-k alternatives: (token id, logprob), most likely first
+TopLogprobs = list[tuple[int, float]]
 
 
 class Status(enum.Enum):
@@ -81,6 +109,12 @@ class Request:
     error: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     emitted_from_draft: list[bool] = field(default_factory=list)
+    # LogprobParams set: one entry per output token, and per prompt token from logprobs.start
+    logprobs: LogprobParams | None = None
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
 
     def drop_draft_state(self) -> None:
         """Forget everything the draft knew of this request (preemption, finish)."""
@@ -152,6 +186,12 @@ class RequestOutput:
     from_draft: list[bool] = field(default_factory=list)
     # finish_reason "stop": the stop token id (EOS or stop_token_ids) or stop string matched
     matched_stop: int | str | None = None
+    # with LogprobParams (else None): per output token; per prompt token from logprob_start
+    output_logprobs: list[float] | None = None
+    output_top_logprobs: list[TopLogprobs] | None = None
+    input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[TopLogprobs | None] | None = None
+    logprob_start: int | None = None
 
 
 @dataclass(frozen=True)

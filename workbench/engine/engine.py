@@ -17,7 +17,7 @@ import torch
 
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
-from workbench.core import Request, RequestOutput, StepOutput
+from workbench.core import LogprobParams, Request, RequestOutput, StepOutput, TopLogprobs
 from workbench.engine.attention import PagedAttention
 from workbench.engine.backends import backend_name, make_attention_backend
 from workbench.engine.kv_cache import KVPool
@@ -339,13 +339,21 @@ class Engine:
                 raise RequestError(f"{field}: token id {t} outside the vocabulary [0, {vocab})")
         return items
 
-    def add_request(self, prompt: Prompt, sampling: SamplingParams | None = None) -> int:
-        """Queue one request; returns its id. Invalid input raises RequestError (nothing queued)."""
+    def add_request(self, prompt: Prompt, sampling: SamplingParams | None = None,
+                    logprobs: LogprobParams | None = None) -> int:
+        """Queue one request; returns its id. Invalid input raises RequestError (nothing queued).
+        ``logprobs``: return log-probabilities too (:class:`~workbench.core.LogprobParams`)."""
         self._check_open()
         sp = sampling or SamplingParams()
         if not isinstance(sp, SamplingParams):
             raise RequestError(f"sampling: expected SamplingParams, got {type(sp).__name__}")
+        if logprobs is not None and not isinstance(logprobs, LogprobParams):
+            raise RequestError(f"logprobs: expected LogprobParams, got "
+                               f"{type(logprobs).__name__}")
         ids = self.tokenize(prompt)
+        if logprobs is not None and logprobs.start is not None and logprobs.start > len(ids):
+            raise RequestError(f"logprob_start_len: {logprobs.start} is beyond the prompt "
+                               f"({len(ids)} tokens)")
         if len(ids) >= self.max_model_len:
             raise RequestError(f"prompt: {len(ids)} tokens does not fit the context "
                                f"(max_model_len {self.max_model_len})")
@@ -354,7 +362,10 @@ class Engine:
         if len(ids) + 1 > capacity:
             raise RequestError(f"prompt: {len(ids)} tokens exceeds the KV pool ({capacity} tokens)")
         rid = next(self._rids)
-        req = Request(rid=rid, prompt_ids=ids, sampling=sp)
+        req = Request(rid=rid, prompt_ids=ids, sampling=sp, logprobs=logprobs)
+        if logprobs is not None and logprobs.start == 0 and ids:
+            req.input_logprobs.append(None)  # the first prompt token has no context
+            req.input_top_logprobs.append(None)
         req.generator = make_generator(sp, fallback_seed=rid)
         req.spec_capable = self.spec is not None
         self.requests[rid] = req
@@ -415,11 +426,20 @@ class Engine:
             raise RequestError(f"rid: unknown request {rid!r}")
         text_s = self.text_of(req) if self.tokenizer is not None and text else ""
         lossless = self.spec is None or self.spec.lossless
+        lp = req.logprobs
         return RequestOutput(rid=rid, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
                              text=text_s, finish_reason=req.finish_reason or "",
                              metrics=req.metrics, error=req.error, lossless=lossless,
                              from_draft=list(req.emitted_from_draft),
-                             matched_stop=req.matched_stop)
+                             matched_stop=req.matched_stop,
+                             output_logprobs=None if lp is None else list(req.output_logprobs),
+                             output_top_logprobs=None if lp is None or not lp.top_k else
+                             list(req.output_top_logprobs),
+                             input_logprobs=None if lp is None or lp.start is None else
+                             list(req.input_logprobs),
+                             input_top_logprobs=None if lp is None or lp.start is None or
+                             not lp.top_k else list(req.input_top_logprobs),
+                             logprob_start=None if lp is None else lp.start)
 
     def text_of(self, req: Request) -> str:
         """The request's output text, its matched stop trimmed (see :meth:`output`)."""
@@ -801,6 +821,8 @@ class Engine:
         done: list[Request] = []
         for r, s, e in chunks:
             n = e - s
+            if r.logprobs is not None and r.logprobs.start is not None:
+                self._add_input_logprobs(r, s, e, hidden[offs : offs + n])
             if aux is not None and r.spec_capable:
                 self._keep_feats(r, aux[offs : offs + n])
             elif r.spec_capable:
@@ -819,6 +841,8 @@ class Engine:
                         self._fail_request(r, f"request {r.rid}: {errors[0]}", outputs)
                     else:
                         self._emit(r, [tok], [False], outputs)
+                        if r.logprobs is not None:
+                            self._add_output_logprobs(r, logits)
             offs += n
         todo = self._extend_now([r for r in done if r.spec_capable and not r.finished])
         if todo:
@@ -869,6 +893,8 @@ class Engine:
             elif r.spec_capable:
                 r.spec_capable = False  # spec was switched off engine-wide: no features kept
             self._emit(r, [int(toks[i])], [False], outputs)
+            if r.logprobs is not None:
+                self._add_output_logprobs(r, logits[i : i + 1])
         phases["commit"] = phases.get("commit", 0.0) + _ms(t)
         todo = self._extend_now([r for r in warm if not r.finished])
         if todo:
@@ -957,6 +983,8 @@ class Engine:
             r.kv_len += m + 1
             self._keep_feats(r, aux[i, path])
             self._emit(r, new, [True] * m + [False], outputs)
+            if r.logprobs is not None:  # the verify logits along the accepted path
+                self._add_output_logprobs(r, logits[i, path])
             if not r.finished:
                 self.pool.trim(r.blocks, r.kv_len + 1)
                 keep.append(r)
@@ -1082,6 +1110,41 @@ class Engine:
             self._finish(r, reason)
         outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
 
+    def _add_output_logprobs(self, r: Request, rows: torch.Tensor) -> None:
+        """Log-probabilities of the tokens the last ``_emit`` appended (it may have stopped
+        early): row j of ``rows`` is the target's logits that produced its j-th token."""
+        out = r.output_ids
+        k = len(out) - len(r.output_logprobs)
+        if k <= 0:
+            return
+        sp = r.sampling
+        t = 1.0 if sp.greedy or sp.temperature <= 0 else float(sp.temperature)
+        lp = torch.log_softmax(rows[:k].float() / t, dim=-1)
+        toks = torch.tensor(out[len(out) - k:], device=lp.device)
+        r.output_logprobs.extend(lp.gather(1, toks[:, None])[:, 0].tolist())
+        assert r.logprobs is not None
+        if r.logprobs.top_k:
+            r.output_top_logprobs.extend(_top_logprobs(lp, r.logprobs.top_k))
+
+    def _add_input_logprobs(self, r: Request, s: int, e: int, hidden: torch.Tensor) -> None:
+        """Prompt tokens' log-probabilities from a prefill chunk covering positions [s, e):
+        position p's raw logits score the token at p + 1 (from ``logprobs.start`` on). A
+        re-prefill after preemption finds its positions done and adds nothing."""
+        assert r.logprobs is not None and r.logprobs.start is not None
+        assert self.target is not None
+        start, n_prompt = r.logprobs.start, len(r.prompt_ids)
+        # token index j = p + 1 is next in line when j - start == len(input_logprobs)
+        first = start + len(r.input_logprobs) - 1
+        lo, hi = max(s, first), min(e, n_prompt - 1)
+        if lo >= hi:
+            return
+        logits = self.target.logits(hidden[lo - s : hi - s])
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        toks = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=lp.device)
+        r.input_logprobs.extend(lp.gather(1, toks[:, None])[:, 0].tolist())
+        if r.logprobs.top_k:
+            r.input_top_logprobs.extend(_top_logprobs(lp, r.logprobs.top_k))
+
     def _stop_string(self, r: Request) -> str | None:
         """The stop string the newest token completes, if any. A new match ends in the newest
         token's text, so decoding a tail of the output suffices: a string of L characters spans
@@ -1154,6 +1217,13 @@ def hold_back_stops(text: str, stops: tuple[str, ...]) -> str:
                 cut = k
                 break
     return text[: len(text) - cut] if cut else text
+
+
+def _top_logprobs(lp: torch.Tensor, k: int) -> list[TopLogprobs]:
+    """Each row's ``k`` most likely tokens as (token id, logprob), most likely first."""
+    vals, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(),
+                                                          strict=True)]
 
 
 def _count_depths(counts: list[int], accepted: int) -> None:
