@@ -7,118 +7,215 @@
 # ---
 
 # %% [markdown]
-# # 06 · The GPU box: the same experiment against SGLang
+# # 06 · The GPU box: dynamic speculation disable on upstream SGLang, no patch
 #
-# **You will learn** to turn a workbench `SpecConfig` into the SGLang launch command for the
-# 8-GPU box, to drive any SGLang-compatible server with `SGLangClient` (same outputs, same trace
-# events as the engine), and to rehearse the whole thing locally against the workbench's own
-# SGLang-compatible server — which is what runs here and in CI.
+# The seeds' team patched SGLang's EAGLE worker to stop drafting above a batch size, and the
+# server crashed on its first decode. SGLang 0.5.23 can do it without a patch: **adaptive
+# speculation** routes each decode batch to a tier of step counts, and a tier of `[0]` decodes
+# plainly.
+#
+# **You will learn** to turn the threshold `bench threshold` chose into the box's launch
+# (flags + tiers file), to read *where* SGLang will draft (the routing table, checked against
+# SGLang's own router in the tests), to check that the server really runs adaptive, to read the
+# box's per-request records into the same `requests` frame as the engine's trace — and what
+# upstream still cannot express.
 
 # %% tags=["parameters"]
 import os
 
 FAST = os.environ.get("WORKBENCH_FAST") == "1"
-MAX_NEW_TOKENS = 24 if FAST else 96
+MAX_NEW_TOKENS = 16 if FAST else 64
 BOX_TARGET = "/models/Kimi-K2.5-INT4"  # paths on the GPU box (placeholders here)
 BOX_DRAFT = "/models/Kimi-K2.5-EAGLE3"
+SGLANG_VERSION = "0.5.23"
+# `python -m workbench bench threshold --url BASELINE_URL,EAGLE3_URL --out DIR` on the box writes
+# DIR/threshold.json; here, the committed CPU sweep of the micro models (data/results)
+THRESHOLD_RESULTS = "../data/results/concurrency.json"
+# the box's --export-metrics-to-file-dir; here, a sample run written with SGLang's writer code
+RECORDS = "../data/sglang"
+BOX_URL = None  # e.g. "http://box:30000" to ask the real server
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 import workbench as wb
-from workbench.viz.demo_models import demo_models
+from workbench.backends.figures import routing_figure
+from workbench.backends.launch import launch_plan, plan_from_threshold, threshold_from
+from workbench.backends.records import read_request_metrics
 
 try:
-    from workbench.backends.sglang import SGLangClient, launch_plan
+    from workbench.backends.sglang import SGLangClient, sglang_accept_lengths
     from workbench.serve.server import start_server
-    HAVE_BACKEND = True
+    HAVE_SERVE = True
 except ImportError as e:  # the serve extra (fastapi, uvicorn, httpx) is missing
-    HAVE_BACKEND = False
-    print(f"SKIPPING the live sections: {e}\n  install with: pip install -e '.[serve]'")
-models = demo_models(fast=FAST)
-print(models.describe())
+    HAVE_SERVE = False
+    print(f"SKIPPING the live section: {e}\n  install with: pip install -e '.[serve]'")
 
 # %% [markdown]
-# ## The launch command
-# `launch_plan` maps S/K/N onto SGLang's flags and says, in `notes`, what does not map. Upstream
-# SGLang has no flag to stop drafting above a batch size, so `BatchThreshold` is reported, not
-# silently dropped — the seeds' patched build would take `threshold_flag=`.
+# ## 1 · From the measured crossover to the launch
+# `bench threshold` sweeps the baseline and EAGLE-3 arms over concurrency and suggests
+# `BatchThreshold(n)`: the largest level below the one where the baseline catches up. The file
+# here is the micro models on a CPU (the crossover on the box will differ: measure it there).
+
+# %%
+n, crossover = threshold_from(THRESHOLD_RESULTS)
+print(f"baseline catches up at concurrency {crossover} → BatchThreshold({n})")
+
+# %% [markdown]
+# `plan_from_threshold` makes the launch: a chain (adaptive tiers need `topk 1`), the tiers
+# file `{"1": [S], "n+1": [0]}` and the flags that read it. `plan.script()` writes the file and
+# launches — paste it on the box.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-if HAVE_BACKEND:
-    spec = wb.SpecConfig(num_steps=3, topk=1, policy=wb.BatchThreshold(8))
-    plan = launch_plan(BOX_TARGET, BOX_DRAFT, tp=8, spec=spec, mem_fraction_static=0.85)
-    print(plan.shell())
-    for note in plan.notes:
-        print("note:", note)
+spec = wb.SpecConfig(num_steps=5, topk=1, draft_state="warm")
+plan = plan_from_threshold(THRESHOLD_RESULTS, BOX_TARGET, BOX_DRAFT, spec=spec, tp=8,
+                           sglang_version=SGLANG_VERSION, export_metrics_dir="/data/records",
+                           enable_metrics=True, mem_fraction_static=0.85)
+print(plan.script())
+for note in plan.notes:
+    print("note:", note)
 
 # %% [markdown]
-# On the box: run that line, wait for `GET /health`
-# (`workbench.backends.sglang.wait_healthy(url)`), then point `SGLangClient` at it. Below, the
-# workbench serves the micro models on a free local port with the same HTTP API
-# (`/generate`, `/server_info`, `/metrics`).
+# ## 2 · Where SGLang drafts: the routing table
+# For every decode batch size up to the server's cap on running requests (EAGLE-3 defaults to
+# 48): the size SGLang's router looks up, the tier, the steps it runs — beside the workbench
+# policy's decision. Without an explicit `--cuda-graph-bs-decode` the router sees raw batch
+# sizes, so the threshold is exact.
+
+# %%
+table = plan.routing_table()
+print("SGLang agrees with the policy at every batch size:", bool(table.agree.all()))
+table.iloc[n - 2 : n + 3]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-if HAVE_BACKEND:
+routing_figure(table, f"BatchThreshold({n}) on SGLang {SGLANG_VERSION}: steps per batch size")
+
+# %% [markdown]
+# Pin the capture list (`cuda_graph_bs_decode=`) and the router pads each batch up to the next
+# listed size first. With SGLang's default speculative list (1–8, 10, 12, …) a threshold of 9
+# pads batch 9 to 10 and stops drafting one batch early; the plan says so and proposes the
+# nearest thresholds the list makes exact.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from workbench.backends.adaptive import spec_decode_capture_sizes
+
+pinned = launch_plan(BOX_TARGET, BOX_DRAFT, spec=wb.SpecConfig(5, 1, draft_state="warm",
+                                                               policy=wb.BatchThreshold(9)),
+                     cuda_graph_bs_decode=spec_decode_capture_sizes(48))
+print("differs at batch sizes:", pinned.differ, "· exact instead:", pinned.proposed_thresholds)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+routing_figure(pinned.routing_table(16), "BatchThreshold(9) with a pinned capture list")
+
+# %% [markdown]
+# The seeds' box ran SGLang 0.5.9, which has no adaptive tiers: the plan says to upgrade (and
+# what that launch would do instead), rather than emit flags 0.5.9 does not know.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+old = launch_plan(BOX_TARGET, BOX_DRAFT, spec=wb.SpecConfig(5, 1, draft_state="warm",
+                                                         policy=wb.BatchThreshold(n)),
+                  sglang_version="0.5.9")
+print(old.notes[1])
+
+# %% [markdown]
+# ## 3 · Is the server really adaptive?
+# SGLang turns adaptive off with only a warning when it cannot run it (topk ≠ 1, attention DP,
+# …) and then speculates at every batch size. `SGLangClient` reads the *resolved*
+# `speculative_adaptive` from `/server_info` and refuses to run a `BatchThreshold` spec as a
+# threshold experiment on a static server. Rehearsed here on the workbench's own
+# SGLang-compatible server (static speculation: the client must refuse).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if HAVE_SERVE:
+    from workbench.viz.demo_models import demo_models
+
+    models = demo_models(fast=FAST)
     engine = wb.Engine.from_pretrained(models.target, draft=models.draft)
-    sampling = wb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
-    local_spec = wb.SpecConfig(num_steps=3, topk=1)
-    reference = engine.generate(list(models.prompts), sampling)  # before the server owns it
-    engine.set_spec(local_spec)
+    prompts = list(models.prompts)
+    # different budgets: the batch shrinks as requests finish, the last ones draft
+    sampling = [wb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS * (i + 1) // len(prompts))
+                for i in range(len(prompts))]
+    local = wb.SpecConfig(num_steps=3, topk=1, policy=wb.BatchThreshold(2), draft_state="warm")
+    reference = engine.generate(prompts, sampling, spec=local)
+    engine.set_spec(wb.SpecConfig(num_steps=3, topk=1))
     server = start_server(engine)  # port 0: a free port
-    client = SGLangClient(server.url)
-    print("serving on", server.url, "· healthy:", client.health())
-
-# %% [markdown]
-# ## Same outputs, same trace schema
-# `generate` returns `RequestOutput`s; `wb.trace(client)` records `RequestAdmitted` /
-# `RequestFinished` events, so `frame("requests")` works exactly as for the engine. SGLang only
-# reports the mean accept length per request (`spec_accept_length`), so per-step τ is spread
-# evenly (`approx_accept_lengths`).
-
-# %%
-if HAVE_BACKEND:
-    with wb.trace(client) as tr:
-        served = client.generate(list(models.prompts), sampling, spec=local_spec)
-    requests = tr.frame("requests")
+    client = SGLangClient(BOX_URL or server.url)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-if HAVE_BACKEND:
-    same = [s.token_ids == r.token_ids for s, r in zip(served, reference, strict=True)]
-    print("server output == local baseline, token for token:", all(same))
-    print("requests traced:", len(requests), "· all finished:",
-          bool((requests.reason.isin(["length", "stop"])).all()))
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-if HAVE_BACKEND:
-    display(requests[["rid", "output_len", "verify_ct", "tau", "ttft_s", "e2e_s"]].round(4))
+if HAVE_SERVE:
+    print("server runs speculation:", client.speculation_mode())
+    try:
+        client.generate(prompts[:1], sampling[:1], spec=local)
+    except wb.ConfigError as e:
+        print("refused:", str(e)[str(e).index("/server_info"):])
 
 # %% [markdown]
-# The server's Prometheus metrics use SGLang's names, so the box's dashboards read both:
+# τ means the same on both sides: SGLang counts an adaptive steps-0 round as a verify round with
+# 0 correct drafts (accept length 1); `sglang_accept_lengths` counts the engine's plain steps
+# the same way, and the client reads per-round lengths from `spec_correct_drafts_histogram`.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-if HAVE_BACKEND:
-    import httpx
-
-    metrics = httpx.get(server.url + "/metrics").text
-    print("\n".join(line for line in metrics.splitlines()
-                    if line.startswith(("sglang:spec_accept", "sglang:num_requests"))))
-
-# %%
-if HAVE_BACKEND:
+if HAVE_SERVE:
+    served = client.generate(prompts, sampling)
+    same = [s.token_ids == r.token_ids for s, r in zip(served, reference, strict=True)]
+    print("server output == engine under BatchThreshold(2), token for token:", all(same))
+    for r in reference:
+        lengths = sglang_accept_lengths(r.metrics)
+        print(f"rid {r.rid}: engine τ {r.metrics.accept_length:.2f} over "
+              f"{r.metrics.verify_ct} drafting rounds; SGLang-counted τ "
+              f"{sum(lengths) / len(lengths):.2f} over {len(lengths)} rounds")
     client.close()
     server.stop()
     engine.close()
 
 # %% [markdown]
+# ## 4 · The box's records, read back
+# With `export_metrics_dir=` the launch adds `--export-metrics-to-file`: SGLang appends one JSON
+# record per finished request to `sglang-request-metrics-YYYYMMDD_HH.log`.
+# `read_request_metrics` turns a folder of them into the trace's `requests` frame (same
+# columns as `wb.trace(engine).frame("requests")`), τ counted as above. The sample: 40
+# requests of a `BatchThreshold(8)` run, 8 alone (drafting) and 32 under load (plain).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+records = read_request_metrics(RECORDS)
+records["regime"] = (records.tau > 1).map({True: "drafting", False: "plain (tier [0])"})
+print(records.groupby("regime").agg(requests=("rid", "size"), tau=("tau", "mean"),
+                                    rounds=("verify_ct", "mean")).round(2))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from workbench.viz.figures import latency_cdf
+
+latency_cdf(records.assign(e2e_ms=records.e2e_s * 1e3), "e2e_ms", by="regime")
+
+# %% [markdown]
+# ## 5 · What upstream cannot express
+# - **Goodput policies** (`wb.Goodput`): they pick a shape per step from a cost model and live
+#   acceptance; SGLang's tiers are a fixed table by batch size (its own adaptation moves between
+#   a tier's candidates by acceptance, not by cost). `launch_plan` notes it and launches
+#   `Always()`.
+# - **Cold drafts with a catch-up window** (`draft_state="cold"/"auto"`): in a `[0]` tier SGLang
+#   still extends the draft every step (warm). `SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1` skips
+#   it — experimental, and without the workbench's bounded catch-up when drafting resumes.
+# - **Trees with adaptive** (topk > 1): adaptive runs chains only; a `BatchThreshold` with a
+#   tree spec is refused by the plan (SGLang would silently fall back to static).
+# - **Per-step and per-token traces**: `--spec-trace-dir` parses but nothing writes to it; the
+#   records carry per-request counts and a histogram of correct drafts, no per-step timeline.
+# - **An idle loaded draft** (`Never()` with a draft): launched as the plain baseline.
+#
 # ## Recap
-# - `launch_plan(target, draft, tp=8, spec=...)` is the SGLang command for a `SpecConfig`; its
-#   notes list what upstream cannot express (`BatchThreshold`, cold drafts, goodput policies).
-# - `SGLangClient(url)` speaks `/generate` to SGLang or to `workbench serve`, returns the
-#   engine's output objects and emits the engine's trace events: notebooks 01–04 run unchanged
-#   against the box (`python -m workbench bench concurrency --url ...` for the sweep).
-# - Locally, `start_server(engine)` is the rehearsal: same API, outputs checked token for token.
+# - `plan_from_threshold(results, target, draft, spec=...)` → `plan.script()` is the box's
+#   launch; `plan.notes` lists what does not map, `plan.differ` where SGLang would decide
+#   otherwise than the policy.
+# - `plan.routing_table()` / `routing_figure(...)`: steps per batch size; `make test` routes
+#   every plan through SGLang 0.5.23's own `AdaptiveSpeculativeParams`.
+# - `SGLangClient.speculation_mode()` checks the server really runs adaptive; records from
+#   `--export-metrics-to-file` read back with `read_request_metrics(dir)`.

@@ -380,3 +380,6 @@ def test_client_refuses_a_threshold_experiment_on_static_fallback() -> None:
         fake_sglang({**ADAPTIVE_INFO, "speculative_eagle_topk": 4}).generate(
             ["a"], greedy(2), spec=spec)
     assert fake_sglang({"speculative_algorithm": None}).speculation_mode() == "none"
+    with pytest.raises(wb.ConfigError, match="no speculative_adaptive: this server cannot"):
+        fake_sglang({"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 1}).generate(
+            ["a"], greedy(2), spec=spec)

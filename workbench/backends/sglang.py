@@ -222,13 +222,18 @@ class SGLangClient:
         if info.get("speculative_algorithm") in (None, "", "NONE"):
             raise ConfigError("spec: the server was launched without speculative decoding")
         tiered = isinstance(spec.policy, (BatchThreshold, StepTable))
-        if tiered and not info.get("speculative_adaptive"):
+        if tiered and "speculative_adaptive" not in info:
             raise ConfigError(
                 f"spec.policy: {spec.policy!r} runs upstream as adaptive speculation, but "
-                "/server_info says speculative_adaptive="
-                f"{info.get('speculative_adaptive')!r}: SGLang fell back to static speculation "
-                "(topk != 1, attention DP, … turn it off with only a warning) and speculates at "
-                "every batch size; this would not be a threshold experiment")
+                "/server_info has no speculative_adaptive: this server cannot run adaptive "
+                "tiers (SGLang >= 0.5.23 launched with --speculative-adaptive can); this would "
+                "not be a threshold experiment")
+        if tiered and not info["speculative_adaptive"]:
+            raise ConfigError(
+                f"spec.policy: {spec.policy!r} runs upstream as adaptive speculation, but "
+                "/server_info says speculative_adaptive=False: SGLang fell back to static "
+                "speculation (topk != 1, attention DP, … turn it off with only a warning) and "
+                "speculates at every batch size; this would not be a threshold experiment")
         checks = (("topk", "speculative_eagle_topk"),) if tiered else (
             ("num_steps", "speculative_num_steps"), ("topk", "speculative_eagle_topk"),
             ("num_draft_tokens", "speculative_num_draft_tokens"))
