@@ -118,8 +118,13 @@ def test_metrics_semantics(engine: wb.Engine) -> None:
     # token left decodes it plainly (a draft cannot help), so at most one plain step
     assert m.plain_steps <= 1
     assert 1 + sum(m.accept_lengths) + m.plain_steps >= len(out.token_ids)
-    assert sum(out.from_draft) == sum(a - 1 for a in m.accept_lengths[: len(m.accept_lengths)]) \
-        or len(out.token_ids) == sp.max_new_tokens
+    # every verify step but the last emits all its accepted draft tokens; the last one may be
+    # cut at max_new_tokens (accepted draft tokens are emitted before the bonus)
+    drafted = [a - 1 for a in m.accept_lengths]
+    last_emitted = len(out.token_ids) - 1 - m.plain_steps - sum(m.accept_lengths[:-1])
+    assert 1 <= last_emitted <= m.accept_lengths[-1]
+    assert sum(out.from_draft) == sum(drafted[:-1]) + min(drafted[-1], last_emitted)
+    assert len(out.from_draft) == len(out.token_ids)
 
 
 def test_simulated_accept_length_is_marked_not_lossless(engine: wb.Engine) -> None:
