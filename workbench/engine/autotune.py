@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from workbench.bench.machine import cpu_flags, cpu_model
-from workbench.models.llama import gemm_ops, prepare_weight, resolve_gemm
+from workbench.models.llama import gemm_ops, onednn_ok, prepare_weight
 
 ENV_CACHE = "WORKBENCH_AUTOTUNE_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "workbench" / "autotune.json"
@@ -239,7 +239,7 @@ def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
     if want != "auto":
         return Choice("gemm", want, "forced", (want,))
     w = engine.target.lm_head.weight
-    if resolve_gemm("auto", w) != "onednn":
+    if not onednn_ok(w):
         return Choice("gemm", "dense", "only", ("dense",),
                       note=f"oneDNN packing needs float32 on CPU ({w.dtype} on {w.device})")
     if cached and cached.get("gemm", {}).get("choice") in ("dense", "onednn"):

@@ -150,18 +150,25 @@ def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tens
 GEMMS = ("auto", "onednn", "dense")
 
 
+def onednn_ok(weight: torch.Tensor) -> bool:
+    """Can oneDNN pack this weight? (float32 on a CPU with mkldnn.)"""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available())
+
+
 def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
     """``onednn``: weights packed once by oneDNN (CPU float32; what Inductor's freezing pass
-    does); ``dense``: plain ``F.linear``. ``auto`` picks onednn where it applies."""
+    does); ``dense``: plain ``F.linear``. ``auto`` here is ``dense`` (views, no packing): which
+    path is faster depends on the machine — oneDNN won 1.6-2.5x at small M on a 2-core EPYC and
+    lost 1.57x on a 2-core Xeon — so the engine times both at init on the real weights and
+    re-fuses with the winner (``workbench.engine.autotune``)."""
     if kind not in GEMMS:
         raise ValueError(f"gemm: {kind!r} not in {GEMMS}")
-    ok = (weight.device.type == "cpu" and weight.dtype == torch.float32
-          and torch.backends.mkldnn.is_available())
-    if kind == "onednn" and not ok:
+    if kind == "onednn" and not onednn_ok(weight):
         raise ValueError(f"gemm='onednn' needs a float32 CPU model with mkldnn; got "
                          f"{weight.dtype} on {weight.device} (mkldnn available: "
                          f"{torch.backends.mkldnn.is_available()})")
-    return "onednn" if kind == "onednn" or (kind == "auto" and ok) else "dense"
+    return "onednn" if kind == "onednn" else "dense"
 
 
 # Packing batch hint: the oneDNN kernel chosen for M=16 serves M=1 as fast as the GEMV and
