@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +139,7 @@ class Tiers:
                                   f"ignore it); known: {', '.join(self.TUNING_KEYS)}")
 
     @classmethod
-    def of(cls, tiers: dict[int, Sequence[int]], **tuning: float) -> Tiers:
+    def of(cls, tiers: Mapping[int, Sequence[int]], **tuning: float) -> Tiers:
         """``Tiers.of({1: [5], 9: [0]})``."""
         return cls(tuple((int(k), tuple(v)) for k, v in sorted(tiers.items())),
                    tuple(sorted(tuning.items())))

@@ -294,6 +294,9 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
     if export_metrics_dir is not None:
         cmd += ["--export-metrics-to-file", "--export-metrics-to-file-dir",
                 str(export_metrics_dir)]
+        if not extra.get("enable_metrics"):
+            notes.append("export_metrics_dir: the records have no first_token_latency (TTFT) "
+                         "without --enable-metrics; pass enable_metrics=True for it")
     cmd += ["--tp", str(tp), "--host", host, "--port", str(port)]
     taken = {c for c in cmd if c.startswith("--")} | {"--speculative-adaptive",
                                                      "--speculative-adaptive-config"}

@@ -95,8 +95,8 @@ def record_row(rec: dict[str, Any], where: str = "record") -> dict[str, Any]:
         error = str(fr.get("message") or "abort")
     lengths = round_accept_lengths(rec)
     params = _params(rec, where)
-    sp = params.get("sampling_params") if isinstance(params.get("sampling_params"), dict) \
-        else {}
+    raw_sp = params.get("sampling_params")
+    sp: dict[str, Any] = raw_sp if isinstance(raw_sp, dict) else {}
     t = rec.get("request_finished_ts", rec.get("response_sent_to_client_ts"))
     return {
         "t": _num(t),
