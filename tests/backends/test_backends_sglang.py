@@ -166,7 +166,8 @@ def test_old_sglang_needs_an_upgrade() -> None:
     plan = launch_plan("/m/target", "/m/draft", spec=spec, sglang_version="0.5.9")
     assert plan.command == HEAD + spec_flags(5, 1, 6) + TAIL and plan.tiers is None
     assert "verified against SGLang 0.5.23" in plan.notes[0]
-    assert "0.5.9 has no adaptive tiers" in plan.notes[1] and "upgrade" in plan.notes[1]
+    assert "0.5.9 is older than 0.5.23" in plan.notes[1] and "upgrade to >= 0.5.23" in \
+        plan.notes[1]
     assert plan.differ[0] == 9  # static speculation drafts above the threshold
     with pytest.raises(wb.ConfigError, match="sglang_version"):
         launch_plan("/m/target", "/m/draft", sglang_version="latest")

@@ -239,10 +239,11 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
                     f"at every batch size. Use SpecConfig(num_steps={spec.num_steps}, topk=1)")
             tiers = tiers_for_policy(policy, spec.num_steps)
         elif isinstance(policy, (BatchThreshold, StepTable)):
-            notes.append(f"policy {policy!r}: SGLang {sglang_version} has no adaptive tiers "
-                         f"(adaptive steps: PR #21599, per-batch-size tiers: PR #24055; verified "
-                         f"in {VERIFIED_VERSION}); upgrade to run it upstream. This launch "
-                         "speculates at every batch size")
+            notes.append(f"policy {policy!r}: SGLang {sglang_version} is older than "
+                         f"{VERIFIED_VERSION}, whose adaptive tiers run it upstream (adaptive "
+                         "steps landed in PR #21599, per-batch-size tiers in PR #24055; 0.5.9 has "
+                         f"neither): upgrade to >= {VERIFIED_VERSION}. This launch speculates at "
+                         "every batch size")
         off = isinstance(policy, Never) or (
             adaptive_ok and isinstance(policy, (BatchThreshold, StepTable)) and tiers is None)
         if off:
