@@ -22,7 +22,11 @@
 
 # %% tags=["parameters"]
 import os
+from pathlib import Path
 
+import workbench as wb
+
+DATA = Path(wb.__file__).resolve().parents[1] / "data"  # the repository's data/
 FAST = os.environ.get("WORKBENCH_FAST") == "1"
 MAX_NEW_TOKENS = 16 if FAST else 64
 BOX_TARGET = "/models/Kimi-K2.5-INT4"  # paths on the GPU box (placeholders here)
@@ -30,14 +34,13 @@ BOX_DRAFT = "/models/Kimi-K2.5-EAGLE3"
 SGLANG_VERSION = "0.5.23"
 # `python -m workbench bench threshold --url BASELINE_URL,EAGLE3_URL --out DIR` on the box writes
 # DIR/threshold.json; here, the committed CPU sweep of the micro models (data/results)
-THRESHOLD_RESULTS = "../data/results/concurrency.json"
+THRESHOLD_RESULTS = DATA / "results" / "concurrency.json"
 # the box's --export-metrics-to-file-dir; here, a sample run written with SGLang's writer code
-RECORDS = "../data/sglang"
+RECORDS = DATA / "sglang"
 BOX_URL = None  # e.g. "http://box:30000" to ask the real server
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-import workbench as wb
 from workbench.backends.figures import routing_figure
 from workbench.backends.launch import launch_plan, plan_from_threshold, threshold_from
 from workbench.backends.records import read_request_metrics
