@@ -17,6 +17,7 @@ import pytest
 import workbench as wb
 from workbench.spec.costmodel import CostModel, LinearCost
 from workbench.spec.policy import Goodput, RandomFlip, StepTable
+from workbench.trace import DraftExtended
 
 State = Literal["warm", "cold", "auto"]
 SHAPE: dict[str, Any] = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
@@ -188,55 +189,45 @@ class OffStretches:
         """Nothing to learn."""
 
 
-def test_auto_goes_cold_in_long_off_stretches(engine: wb.Engine,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def extends(engine: wb.Engine, ps: list[list[int]], spec: wb.SpecConfig | None,
+            batch: int) -> tuple[list[list[int]], list[DraftExtended]]:
+    """``run`` with a trace: the outputs and the draft extends that ran (DraftExtended)."""
+    with wb.trace(engine, events=[DraftExtended]) as tr:
+        out = run(engine, ps, spec, batch)
+    return out, tr.of(DraftExtended)  # type: ignore[return-value]
+
+
+def test_auto_goes_cold_in_long_off_stretches(engine: wb.Engine) -> None:
     """draft_state="auto": the first AUTO_WARM_STEPS plain steps of an off stretch extend the
     draft, later ones do not, and speculation resumes losslessly: fewer extends than warm, more
     than cold, same outputs as the baseline."""
     base = baseline(engine, 13, 1, 4)
     calls: dict[str, int] = {}
-    real = engine._draft_extend
     for state in ("warm", "auto", "cold"):
-        calls[state] = 0
-
-        def counting(reqs: Any, state: str = state) -> None:
-            calls[state] += 1
-            real(reqs)
-
-        monkeypatch.setattr(engine, "_draft_extend", counting)
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=OffStretches())
-        assert run(engine, prompts(13, 1), spec, 4) == base, state
+        out, evs = extends(engine, prompts(13, 1), spec, 4)
+        assert out == base, state
+        calls[state] = len(evs)
     assert calls["cold"] < calls["auto"] < calls["warm"], calls
 
 
 @pytest.mark.parametrize("window", [1, 3])
 @pytest.mark.parametrize("batch", [4, 13])
-def test_catchup_window_holes_equal_baseline(engine: wb.Engine, window: int, batch: int,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_catchup_window_holes_equal_baseline(engine: wb.Engine, window: int,
+                                             batch: int) -> None:
     """Cold off stretches longer than ``catchup_window`` leave draft holes (positions the
     draft never sees): speculation after them still equals the baseline, and the catch-up
     extends over at most ``window`` positions per request."""
     base = baseline(engine, 13, 1, batch)
-    holes: list[list[tuple[int, int]]] = []
-    widest: list[int] = [0]
-    real_slots, real_extend = engine._draft_slots, engine._draft_extend
-
-    def slots(r: Any, end: int) -> Any:
-        if r.draft_holes:
-            holes.append(list(r.draft_holes))
-        return real_slots(r, end)
-
-    def extend(reqs: Any) -> None:
-        # a request with holes was trimmed: its catch-up is at most the window (or, after a
-        # verify, the accepted path: at most S+1 = 4 positions)
-        widest[0] = max([widest[0]] + [r.kv_len - r.draft_len for r in reqs if r.draft_holes])
-        real_extend(reqs)
-
-    monkeypatch.setattr(engine, "_draft_slots", slots)
-    monkeypatch.setattr(engine, "_draft_extend", extend)
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=window,
                          policy=OffStretches())
-    assert run(engine, prompts(13, 1), spec, batch) == base
+    out, evs = extends(engine, prompts(13, 1), spec, batch)
+    assert out == base
+    holed = [(rows, hs) for e in evs for rows, hs in zip(e.rows, e.holes, strict=True) if hs]
+    holes = [[tuple(h) for h in hs] for _, hs in holed]
+    # a request with holes was trimmed: its catch-up is at most the window (or, after a
+    # verify, the accepted path: at most S+1 = 4 positions)
+    widest = [max([0] + [rows for rows, _ in holed])]
     assert holes, "no off stretch outgrew the window"
     assert all(s < e for hs in holes for s, e in hs)
     assert all(hs[i][1] < hs[i + 1][0] for hs in holes for i in range(len(hs) - 1))
@@ -277,20 +268,13 @@ def test_no_holes_for_page_table_backends(engine: wb.Engine,
     """A draft attention backend that needs whole positions (FlashInfer's page tables) gets no
     holes: the window is ignored and the cold catch-up covers everything missed."""
     monkeypatch.setattr(engine.draft_attn, "arbitrary_slots", False)
-    holed: list[int] = []
-    real = engine._draft_slots
-
-    def slots(r: Any, end: int) -> Any:
-        holed.extend([r.rid] if r.draft_holes else [])
-        return real(r, end)
-
-    monkeypatch.setattr(engine, "_draft_slots", slots)
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=1, policy=OffStretches())
-    assert run(engine, prompts(13, 1), spec, 4) == baseline(engine, 13, 1, 4)
-    assert not holed
+    out, evs = extends(engine, prompts(13, 1), spec, 4)
+    assert out == baseline(engine, 13, 1, 4)
+    assert evs and not any(hs for e in evs for hs in e.holes)
 
 
-def test_auto_defers_prompt_extends(engine: wb.Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_defers_prompt_extends(engine: wb.Engine) -> None:
     """draft_state="auto": a new prompt's draft extend waits for the request's first
     speculative step, so with speculation off (Never) no prompt is ever extended, while
     "warm" extends each one at prefill; with Always the deferred extend happens and outputs
@@ -298,19 +282,11 @@ def test_auto_defers_prompt_extends(engine: wb.Engine, monkeypatch: pytest.Monke
     rng = random.Random(5)
     long_prompts = [[rng.randrange(1, 299) for _ in range(40 + 3 * i)] for i in range(4)]
     rows: dict[str, int] = {}
-    real = engine._draft_extend
     for state in ("auto", "warm"):
-        rows[state] = 0
-
-        def counting(reqs: Any, state: str = state) -> None:
-            rows[state] += sum(r.kv_len - r.draft_len for r in reqs)
-            real(reqs)
-
-        monkeypatch.setattr(engine, "_draft_extend", counting)
         engine._plain_streak = 0  # as after a speculative step: auto starts warm
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=wb.Never())
-        run(engine, long_prompts, spec, 4)
+        _, evs = extends(engine, long_prompts, spec, 4)
+        rows[state] = sum(sum(e.rows) for e in evs)
     assert rows["auto"] == 0 and rows["warm"] >= sum(len(p) for p in long_prompts)
-    monkeypatch.setattr(engine, "_draft_extend", real)
     spec = wb.SpecConfig(**SHAPE, draft_state="auto", policy=wb.Always())
     assert run(engine, long_prompts, spec, 4) == run(engine, long_prompts, None, 4)

@@ -26,6 +26,7 @@ from spec.conftest import random_head, trained_head  # noqa: F401 (session fixtu
 import workbench as wb
 from workbench.engine.engine import EngineStats
 from workbench.trace import (
+    DraftExtended,
     DraftStep,
     Event,
     HookError,
@@ -339,6 +340,20 @@ def slowed(fn: Callable[..., Any], seconds: float) -> Callable[..., Any]:
     return slow
 
 
+class SlowPolicy:
+    """A policy that takes ``seconds`` to decide (public seam: SpecConfig.policy)."""
+
+    def __init__(self, inner: Any, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def decide(self, ctx: Any) -> Any:
+        time.sleep(self.seconds)
+        return self.inner.decide(ctx)
+
+    def observe(self, decision: Any, measured_ms: float, accepted: list[int]) -> None:
+        self.inner.observe(decision, measured_ms, accepted)
+
+
 @pytest.mark.parametrize("policy", ["always", "never"])
 def test_phases_cover_the_whole_step(micro_target: Path, trained_head: Path,  # noqa: F811
                                      policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,13 +362,15 @@ def test_phases_cover_the_whole_step(micro_target: Path, trained_head: Path,  # 
     over the prompt in Prefill.seconds."""
     engine = make_engine(micro_target, trained_head)
     nap = 0.02
-    monkeypatch.setattr(engine, "_decide", slowed(engine._decide, nap))
+    # public seams where there is one: a slow policy, a hook inside each draft extend; token
+    # emission has none yet (#19: the EagleWorker refactor)
+    engine.hooks.register(lambda e: time.sleep(nap), [DraftExtended])
     monkeypatch.setattr(engine, "_emit", slowed(engine._emit, nap))
-    monkeypatch.setattr(engine, "_draft_extend", slowed(engine._draft_extend, nap))
     sched = engine.scheduler
     assert sched is not None
     monkeypatch.setattr(sched, "ensure_decode_room", slowed(sched.ensure_decode_room, nap))
-    spec = wb.SpecConfig(**SPEC, policy=wb.Never() if policy == "never" else wb.Always())
+    inner = wb.Never() if policy == "never" else wb.Always()
+    spec = wb.SpecConfig(**SPEC, policy=SlowPolicy(inner, nap))  # type: ignore[arg-type]
     sp = wb.SamplingParams(max_new_tokens=4, ignore_eos=True)
     engine.set_spec(spec)
     with wb.trace(engine) as rec:

@@ -745,6 +745,11 @@ class Engine:
         if not reqs:
             return
         faults.check("step:extend")
+        if self.trace.enabled:
+            self.trace.emit(ev.DraftExtended(
+                t=time.perf_counter(), step=self.step_id, rids=[r.rid for r in reqs],
+                rows=[r.kv_len - r.draft_len for r in reqs],
+                holes=[[[s, e] for s, e in r.draft_holes] for r in reqs]))
         assert self.draft is not None and self.draft_attn is not None and self.pool is not None
         toks, pos, feats, write, kv, q_lens = [], [], [], [], [], []
         for r in reqs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from workbench.trace.events import (
     EVENT_TYPES,
+    DraftExtended,
     DraftStep,
     Event,
     InitStage,
@@ -49,6 +50,7 @@ __all__ = [
     "NULL_TRACER",
     "TIMING_PHASES",
     "Dispatcher",
+    "DraftExtended",
     "DraftStep",
     "Event",
     "HookError",

@@ -87,6 +87,21 @@ class Prefill(Event):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class DraftExtended(Event):
+    """One draft extend: the draft consumed the target features of the positions it had not
+    seen yet (after a prefill, a warm plain step, a verify, or a cold catch-up).
+
+    ``rows[i]`` positions were fed for request ``rids[i]``; ``holes[i]`` lists its draft holes
+    ``[start, end)`` at that moment (positions a cold stretch skipped; DESIGN.md §1).
+    """
+
+    step: int
+    rids: list[int]
+    rows: list[int]
+    holes: list[list[list[int]]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class DraftStep(Event):
     """One draft forward at tree depth ``depth``; per request ``rids[i]``, its frontier candidates.
 
@@ -205,6 +220,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         InitStage,
         RequestAdmitted,
         Prefill,
+        DraftExtended,
         DraftStep,
         TreeBuilt,
         Verified,

@@ -369,7 +369,10 @@ def _profiled_range(name: str) -> Iterator[None]:
 
 
 def phase(name: str, enabled: bool = False) -> contextlib.AbstractContextManager[None]:
-    """A named profiler range around a step phase: ``with phase("verify", cfg.profile): ...``.
+    """A named profiler range around a block: ``with phase("verify", enabled=True): ...``.
+
+    For notebooks and scripts profiling their own code next to the engine's (the engine's step
+    does not open these ranges itself: its phases are timed by ``StepTiming`` events).
 
     Disabled (the default): returns one shared ``nullcontext`` — no allocation, no torch call.
     Enabled: a ``torch.profiler.record_function`` range (shows in torch.profiler traces, CPU or

@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -613,9 +613,3 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     }
     (Path(cfg.out) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def config_fields() -> dict[str, type]:
-    """Field name → type of ``DraftTrainConfig`` (for a CLI built from the dataclass)."""
-    types = {"str": str, "int": int, "float": float, "bool": bool}
-    return {f.name: types[str(f.type)] for f in fields(DraftTrainConfig)}
