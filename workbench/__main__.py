@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench",
                        help="benchmarks: spec | peers | concurrency | threshold | shapes")
-    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold", "shapes"])
+    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold", "shapes",
+                                     "k0"])
     b.add_argument("--model", default=DEFAULT_TARGET)
     b.add_argument("--draft", default=DEFAULT_DRAFT)
     b.add_argument("--url", default=None, help="benchmark a running server instead")

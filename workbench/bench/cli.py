@@ -6,6 +6,7 @@
   (``workbench.bench.concurrency``), or against a running server with ``--url``
   (``workbench.bench.http``);
 * threshold: baseline vs eagle3 sweep → crossover batch size and a suggested BatchThreshold(n);
+* k0: the K=0 tax of the default SpecConfig (BatchThreshold(0) vs baseline, interleaved);
 * shapes: speedup vs target shape at a simulated accept length, random-weight pairs
   (``workbench.bench.shapes``): which pair shape this machine needs for a given speedup.
 
@@ -141,18 +142,28 @@ def _choices(engine: Any) -> dict[str, Any]:
 
 
 def _stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
-           extra: dict[str, Any] | None = None) -> None:
-    """Add machine, load, flags (and ``extra``, e.g. the engine's choices) to a saved JSON."""
+           extra: dict[str, Any] | None = None, bench: str | None = None,
+           summary: pd.DataFrame | None = None) -> None:
+    """Add machine, load, flags (and ``extra``, e.g. the engine's choices) to a saved JSON;
+    with ``bench`` and ``summary`` also merge them into the machine kind's results file
+    (``workbench.bench.results``: ``<out>/<kind>.json``)."""
     import json
 
+    from workbench.bench import results
     from workbench.bench.machine import machine_info
     from workbench.bench.sanity import report
 
     doc = json.loads(json_path.read_text()) if json_path.is_file() else {}
     machine = doc.get("machine") or machine_info()
-    doc.update(report(flags, load, machine))
+    rep = report(flags, load, machine)
+    doc.update(rep)
     doc.update(extra or {})
     json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    if bench is not None and summary is not None:
+        path = results.record(json_path.parent, bench, json_records(summary), rep,
+                              command=_COMMAND.get("line"),
+                              extra={"engine_choices": (extra or {}).get("engine_choices")})
+        print(f"machine results: {path} [{bench}]")
 
 
 def _finish(ns: argparse.Namespace, ok: bool, flags: list[Any]) -> int:
@@ -203,7 +214,8 @@ def bench_spec(ns: argparse.Namespace) -> int:
     flags = res.flags()
     _show("EAGLE-3 vs baseline, bs=1, greedy", mark(res.summary, flags))
     path = res.save(ns.out)
-    _stamp(path, flags, res.machine.get("load"), {"engine_choices": choices})
+    _stamp(path, flags, res.machine.get("load"), {"engine_choices": choices}, "spec",
+           mark(res.summary, flags))
     print(f"\nresults: {path}")
     return _finish(ns, bool(res.summary["lossless"].all()), flags)
 
@@ -249,7 +261,8 @@ def bench_peers(ns: argparse.Namespace) -> int:
         {"machine": machine, "spec": ns.spec if spec is not None else None,
          "summary": json.loads(summary.to_json(orient="records"))},
         indent=2) + "\n")
-    _stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices})
+    _stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices}, "peers",
+           summary)
     print(f"\nresults: {out / 'peers.json'}")
     return _finish(ns, True, flags)
 
@@ -318,7 +331,8 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     if {"baseline", "eagle3"} <= set(s["arm"]):
         th = find_threshold(df)
         print(f"\ncrossover: {th.crossover} · suggested BatchThreshold({th.suggested_n})")
-    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices})
+    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices},
+           "concurrency", s[[c for c in [*cols, "k0_tax", "k0_tax_step"] if c in s]])
     print(f"\nresults: {df.attrs.get('saved')}")
     lossless = s["lossless"].dropna()
     return _finish(ns, bool(lossless.all()), flags)
@@ -377,7 +391,8 @@ def bench_http(ns: argparse.Namespace) -> int:
     rows_json = json.loads(df.to_json(orient="records"))
     (out / "concurrency_http.json").write_text(json.dumps(
         {"machine": machine_info(), "url": ns.url, "rows": rows_json}, indent=2) + "\n")
-    _stamp(out / "concurrency_http.json", flags, load.as_dict())
+    _stamp(out / "concurrency_http.json", flags, load.as_dict(), None, "concurrency_http",
+           df.drop(columns=["errors"], errors="ignore"))
     print(f"\nresults: {out / 'concurrency_http.json'}")
     return _finish(ns, int(df["failed"].sum()) == 0, flags)
 
@@ -412,7 +427,8 @@ def bench_threshold(ns: argparse.Namespace) -> int:
     where = "never (eagle3 wins at every level)" if th.crossover is None else \
         f"at concurrency {th.crossover}"
     print(f"\nbaseline catches up {where}; suggested BatchThreshold({th.suggested_n})")
-    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices})
+    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"), {"engine_choices": choices},
+           "threshold", th.table)
     print(f"results: {df.attrs.get('saved')}")
     return _finish(ns, True, flags)
 
@@ -440,7 +456,7 @@ def bench_shapes(ns: argparse.Namespace) -> int:
           f"{df.attrs['config']['spec']}, bs=1 greedy)",
           df.drop(columns=["layers", "hidden", "random"]))
     path = save_shapes(df, ns.out)
-    _stamp(path, flags, load.as_dict())
+    _stamp(path, flags, load.as_dict(), None, "shapes", df)
     print(f"\nresults: {path}")
     return _finish(ns, True, flags)
 
@@ -453,12 +469,88 @@ def _engine_config(ns: argparse.Namespace) -> Any:
     return dataclasses.replace(wb.EngineConfig(), **over) if over else None
 
 
+def bench_k0(ns: argparse.Namespace) -> int:
+    """K=0 tax of the *default* SpecConfig: ``BatchThreshold(0)`` (a speculative engine that
+    never drafts) vs the baseline, side by side (interleaved), per concurrency level; the same
+    with ``draft_state="warm"`` for comparison. Goal: ≤ 2 % at every level with the default."""
+    from workbench.bench.concurrency import run_concurrency, summarize
+    from workbench.config import SpecConfig
+    from workbench.spec.policy import BatchThreshold
+
+    levels = _levels(ns)
+    shape = _spec(ns)
+    prompts = _prompts(ns)
+    default_state = SpecConfig().draft_state
+    arms: dict[str, Any] = {
+        "baseline": None,
+        f"k0 default ({default_state})": dataclasses.replace(shape, policy=BatchThreshold(0)),
+        "k0 warm": dataclasses.replace(shape, policy=BatchThreshold(0), draft_state="warm"),
+    }
+    engine = _engine(ns, need_draft=True, max_batch=max(levels))
+    engines: dict[str, Any] = {}
+    try:
+        choices = _choices(engine)
+        engines = _arm_engines(ns, engine, arms, prompts, levels)
+        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
+                             max_new_tokens=_max_new(ns), out=ns.out, name="k0_tax",
+                             repeats=_repeats(ns), engines=engines or None)
+    finally:
+        engine.close()
+        for e in engines.values():
+            e.close()
+    flags = _saved_flags(df)
+    s = summarize(df)
+    s["k0_tax_pct"] = 100.0 * (1.0 - s["vs_baseline"])
+    step = s[s["arm"] == "baseline"].set_index("concurrency")["steady_step_ms"]
+    s["k0_tax_step_pct"] = 100.0 * (s["steady_step_ms"] / s["concurrency"].map(step) - 1.0)
+    cols = ["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "vs_baseline",
+            "k0_tax_pct", "k0_tax_step_pct", "lossless", "flags"]
+    _show("K=0 tax: BatchThreshold(0) vs baseline (interleaved; default draft_state "
+          f"{default_state!r} and 'warm')", s[[c for c in cols if c in s]])
+    _stamp(Path(df.attrs["saved"]), flags, df.attrs.get("load"),
+           {"engine_choices": choices, "default_draft_state": default_state},
+           "k0", s[[c for c in cols if c in s]])
+    print(f"\nresults: {df.attrs.get('saved')}")
+    lossless = s["lossless"].dropna()
+    return _finish(ns, bool(lossless.all()), flags)
+
+
+def json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    import json
+
+    return list(json.loads(df.to_json(orient="records")))
+
+
 COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,
-            "threshold": bench_threshold, "shapes": bench_shapes}
+            "threshold": bench_threshold, "shapes": bench_shapes, "k0": bench_k0}
+
+
+_COMMAND: dict[str, str] = {}  # the running command line, for the per-machine results file
+
+
+def command_of(ns: argparse.Namespace) -> str:
+    """``python -m workbench bench <which> --flag value ...``: the flags that differ from the
+    parser's defaults (what the user typed, in a canonical order)."""
+    import shlex
+
+    from workbench.__main__ import build_parser
+
+    defaults = vars(build_parser().parse_args(["bench", ns.which]))
+    parts = ["python -m workbench bench", ns.which]
+    for key, value in vars(ns).items():
+        if key in ("which", "fn", "cmd") or key not in defaults or value == defaults[key]:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            parts.append(flag)
+        elif value is not False and value is not None:
+            parts += [flag, shlex.quote(str(value))]
+    return " ".join(parts)
 
 
 def run(ns: argparse.Namespace) -> int:
     """Entry point of ``python -m workbench bench``: dispatch on ``ns.which``."""
     if ns.which not in COMMANDS:
         raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
+    _COMMAND["line"] = command_of(ns)
     return COMMANDS[ns.which](ns)

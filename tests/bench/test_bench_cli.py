@@ -1,0 +1,49 @@
+"""Every ``bench`` result records machine, load and sanity flags; ``--strict`` turns a flagged
+run into exit 2; the run is merged into the machine kind's results file with its command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench.__main__ import main
+from workbench.bench import results
+from workbench.bench.machine import machine_kind
+
+
+def test_bench_spec_records_machine_load_flags(micro_target: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    out = tmp_path / "res"
+    argv = ["bench", "spec", "--model", str(micro_target), "--draft", str(tmp_path / "none"),
+            "--prompts", "2", "--max-new-tokens", "4", "--repeats", "2", "--out", str(out),
+            "--strict", "--engine", "gemm=dense"]
+    code = main(argv)
+    doc = json.loads((out / "spec_bs1.json").read_text())
+    assert {"machine", "load", "flags", "flagged", "summary", "engine_choices"} <= set(doc)
+    assert doc["machine"]["cpu"] and "commit" in doc["machine"] and "l3" in doc["machine"]
+    assert len(doc["load"]["before"]) == 3 and len(doc["load"]["after"]) == 3
+    assert doc["engine_choices"]["gemm"] == {**doc["engine_choices"]["gemm"],
+                                             "choice": "dense", "source": "forced"}
+    assert code == (2 if doc["flagged"] else 0)  # --strict: a flagged run exits 2
+    table = pd.read_csv(out / "spec_bs1.csv", keep_default_na=False)
+    assert "flags" in table and {"tok_s_lo", "tok_s_hi"} <= set(table.columns)
+    loaded = any(f["code"] == "loaded" for f in doc["flags"])
+    assert all(("loaded" in f) == loaded for f in table["flags"])
+    kind = machine_kind(doc["machine"]["cpu"])
+    per_machine = json.loads((out / f"{kind}.json").read_text())
+    entry = per_machine["benchmarks"]["spec"]
+    assert entry["command"].startswith("python -m workbench bench spec")
+    assert entry["summary"][0]["arm"] == "baseline"
+    assert results.load_all(out)[kind]["machine"]["cpu"] == doc["machine"]["cpu"]
+
+
+def test_engine_flag_errors_name_the_field(micro_target: Path, tmp_path: Path) -> None:
+    argv = ["bench", "spec", "--model", str(micro_target), "--out", str(tmp_path),
+            "--engine", "gemm"]
+    assert main(argv) == 1
+    argv[-1] = "nonsense=1"
+    assert main(argv) == 1
