@@ -22,6 +22,9 @@ ALLOWED = {
         "warning is issued and the hook unregistered; fatal hooks re-raise as HookFailed",
     ("serve/loop.py", "_run_command"):
         "hands the exception to the caller's Future (set_exception), who re-raises it",
+    ("serve/loop.py", "_admit"):
+        "request-scoped admission failure: logged with its traceback and an error id "
+        "(log.exception), the request is rejected with a 500 naming that id; the loop goes on",
 }
 
 
@@ -85,6 +88,9 @@ def test_allow_list_entries_still_exist_and_are_not_silent() -> None:
     body = ast.unparse(ast.Module(body=found["serve/loop.py", "_run_command"].body,
                                   type_ignores=[]))
     assert ".set_exception(" in body
+    # loop._admit: logged with traceback, answered to the request
+    body = ast.unparse(ast.Module(body=found["serve/loop.py", "_admit"].body, type_ignores=[]))
+    assert "log.exception(" in body and "Rejected(" in body
 
 
 def test_the_checker_catches_what_it_should(tmp_path: Path) -> None:
