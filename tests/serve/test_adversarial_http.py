@@ -603,3 +603,17 @@ def test_cli_flags_are_validated_like_the_api(argv: list[str], match: str) -> No
         status = main(["serve", "--model", "/nonexistent", *argv])
     assert status == 1, err.getvalue()
     assert match in err.getvalue() and "Traceback" not in err.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("host,key,warned", [("0.0.0.0", None, True), ("0.0.0.0", "k", False),
+                                             ("127.0.0.1", None, False)])
+def test_exposed_bind_without_a_key_warns(host: str, key: str | None, warned: bool,
+                                          caplog: pytest.LogCaptureFixture,
+                                          tmp_path: Path) -> None:
+    """Checked before the model loads (here it does not exist: exit 1 after the warning)."""
+    from workbench.__main__ import main
+
+    argv = ["serve", "--model", str(tmp_path / "missing"), "--host", host, "--port", "0"]
+    with caplog.at_level(logging.WARNING), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv + (["--api-key", key] if key else [])) == 1
+    assert any("without --api-key" in r.getMessage() for r in caplog.records) == warned
