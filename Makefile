@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 EXTRAS := dev,notebooks,kernels,serve
 
-.PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks sglang-ref
+.PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks sglang-ref \
+	sglang-client
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +41,26 @@ $(SGLANG_STAMP): $(STAMP)
 
 sglang-ref: $(SGLANG_STAMP)
 
+# SGLang's own benchmark client (python -m sglang.bench_serving), which
+# tests/serve/test_sglang_bench_client.py runs against `workbench serve`, lives in its own cached
+# venv: its benchmark module imports torchvision, and no PyPI torchvision loads against the
+# project's CPU torch (tests/serve/sglang_client_requirements.txt says why). Built once (about
+# 6 GB), reused while the requirements file is unchanged; `rm -rf .cache` to drop it.
+SGLANG_CLIENT_VENV := .cache/sglang-client-venv
+SGLANG_CLIENT_REQS := tests/serve/sglang_client_requirements.txt
+SGLANG_CLIENT_STAMP := $(SGLANG_CLIENT_VENV)/.installed-$(shell cat $(SGLANG_CLIENT_REQS) | cksum | cut -d' ' -f1)
+
+$(SGLANG_CLIENT_STAMP): $(SGLANG_CLIENT_REQS)
+	rm -rf $(SGLANG_CLIENT_VENV)
+	$(PY) -m venv $(SGLANG_CLIENT_VENV)
+	$(SGLANG_CLIENT_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_CLIENT_VENV)/bin/pip install -q -r $(SGLANG_CLIENT_REQS)
+	$(SGLANG_CLIENT_VENV)/bin/pip install -q --no-deps $(SGLANG_REF)
+	$(SGLANG_CLIENT_VENV)/bin/python -W ignore -c "import sglang.bench_serving"
+	touch $@
+
+sglang-client: $(SGLANG_CLIENT_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/python -m workbench demo
 
@@ -52,8 +73,9 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "WARNING: chromium not installed; browser checks will be skipped"; }
 
-test: $(STAMP) $(SGLANG_STAMP) browser
+test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_CLIENT_STAMP) browser
 	$(BIN)/ruff check workbench tests scripts
+	WORKBENCH_SGLANG_CLIENT=$(abspath $(SGLANG_CLIENT_VENV))/bin/python \
 	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \
 		--durations=15 tests
 	$(MAKE) test-notebooks

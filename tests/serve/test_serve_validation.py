@@ -52,7 +52,16 @@ GENERATE_CASES = {
     "stop_token_ids wrong type": (sp(stop_token_ids="0"), "sampling_params.stop_token_ids"),
     "ignore_eos wrong type": (sp(ignore_eos=1), "sampling_params.ignore_eos"),
     "seed wrong type": (sp(seed="s"), "sampling_params.seed"),
-    "logprobs": ({"text": "a", "return_logprob": True}, "return_logprob"),
+    "return_logprob wrong type": ({"text": "a", "return_logprob": "yes"}, "return_logprob"),
+    "top_logprobs_num negative": ({"text": "a", "return_logprob": True,
+                                   "top_logprobs_num": -1}, "top_logprobs_num"),
+    "logprob_start_len past the prompt": ({"input_ids": [1, 2], "return_logprob": True,
+                                           "logprob_start_len": 5}, "logprob_start_len"),
+    "lora_path set": ({"text": "a", "lora_path": "adapter"}, "lora_path"),
+    "custom_logit_processor set": ({"text": "a", "custom_logit_processor": "x"},
+                                   "custom_logit_processor"),
+    "return_routed_experts true": ({"text": "a", "return_routed_experts": True},
+                                   "return_routed_experts"),
 }
 
 
@@ -79,15 +88,17 @@ COMPLETION_CASES = {
     "unknown field": ({"prompt": "a", "max_new_tokens": 3}, "max_new_tokens"),
     "no prompt": ({"max_tokens": 3}, "prompt"),
     "empty prompt": ({"prompt": ""}, "prompt"),
-    "batched prompts": ({"prompt": ["a", "b"]}, "prompt"),
+    "mixed batch": ({"prompt": ["a", [1, 2]]}, "prompt"),
+    "empty prompt in a batch": ({"prompt": ["a", ""]}, "prompt[1]"),
     "prompt wrong type": ({"prompt": 3.5}, "prompt"),
     "huge prompt": ({"prompt": list(range(1, 290)) * 20}, "prompt"),
     "max_tokens negative": ({"prompt": "a", "max_tokens": -4}, "max_tokens"),
     "max_tokens zero": ({"prompt": "a", "max_tokens": 0}, "max_tokens"),
     "max_tokens string": ({"prompt": "a", "max_tokens": "4"}, "max_tokens"),
     "temperature wrong type": ({"prompt": "a", "temperature": [0]}, "temperature"),
-    "n > 1": ({"prompt": "a", "n": 2}, "n"),
-    "echo": ({"prompt": "a", "echo": True}, "echo"),
+    "n zero": ({"prompt": "a", "n": 0}, "n"),
+    "echo wrong type": ({"prompt": "a", "echo": 1}, "echo"),
+    "logprobs too many": ({"prompt": "a", "logprobs": 99}, "logprobs"),
     "model wrong type": ({"prompt": "a", "model": 3}, "model"),
     "stream_options unknown": ({"prompt": "a", "stream_options": {"x": 1}}, "stream_options.x"),
 }
@@ -113,4 +124,10 @@ def test_defaults_and_upstream_no_ops_are_accepted(http) -> None:
     body = {"prompt": ["a"], "max_tokens": 2, "n": 1, "logprobs": None, "echo": False,
             "presence_penalty": 0, "user": "u", "stream": False}
     assert http.post("/v1/completions", json=body).status_code == 200
+    # what SGLang 0.5.23's bench_serving sends with every request
+    body = {"text": "a", "sampling_params": {"max_new_tokens": 2, "temperature": 0.0,
+                                             "ignore_eos": True}, "stream": False,
+            "lora_path": None, "return_logprob": False, "return_routed_experts": False,
+            "logprob_start_len": -1}
+    assert http.post("/generate", json=body).status_code == 200
     assert json.loads(http.get("/health").text)["status"] == "ok"

@@ -12,6 +12,12 @@ Every request streams (server-sent events). Per request: TTFT = first chunk carr
 send time; ITL = gaps between successive token-carrying chunks (a speculative step that emits
 several tokens is one chunk, as in bench_serving); TPOT = (E2E − TTFT) / (output tokens − 1).
 Output tokens are the server's ``completion_tokens`` (``/generate``) or ``usage`` (OpenAI).
+
+Speculation (``/generate``): the finished chunk's ``meta_info`` carries ``spec_verify_ct`` and
+``spec_correct_drafts_histogram`` (SGLang 0.5.23 and ``workbench serve`` alike); each request's
+per-round accept lengths come from the histogram (exact: k correct drafts → k + 1 tokens), and
+only from a server that sends none are they spread evenly over ``completion_tokens``
+(``accept_lengths_exact`` False).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from workbench.backends.sglang import round_accept_lengths
+from workbench.errors import RequestFailed
 
 Mode = Literal["closed", "poisson"]
 Api = Literal["generate", "completions"]
@@ -44,6 +53,8 @@ class RequestRecord:
     e2e: float = math.nan
     itl: list[float] = field(default_factory=list)
     verify_ct: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # per verify round, bonus included
+    accept_lengths_exact: bool = True  # from spec_correct_drafts_histogram (else spread evenly)
 
     @property
     def tpot(self) -> float:
@@ -96,7 +107,10 @@ async def _request(client: Any, rec: RequestRecord, path: str, body: dict[str, A
                     ids = chunk.get("output_ids") or []
                     count = int(meta.get("completion_tokens") or len(ids))
                     rec.prompt_len = int(meta.get("prompt_tokens") or 0)
-                    rec.verify_ct = int(meta.get("spec_verify_ct") or 0)
+                    if meta.get("spec_verify_ct"):  # the finished chunk (SGLang: only there)
+                        rec.verify_ct = int(meta["spec_verify_ct"])
+                        rec.accept_lengths = round_accept_lengths(meta)
+                        rec.accept_lengths_exact = bool(meta.get("spec_correct_drafts_histogram"))
                 else:
                     usage = chunk.get("usage")
                     if usage:
@@ -116,7 +130,7 @@ async def _request(client: Any, rec: RequestRecord, path: str, body: dict[str, A
         if api == "generate" or rec.output_len == 0:
             rec.output_len = seen
         rec.success = True
-    except (httpx.HTTPError, OSError, ValueError) as e:  # transport errors, bad JSON
+    except (httpx.HTTPError, OSError, ValueError, RequestFailed) as e:  # transport, JSON, meta
         rec.error = f"{type(e).__name__}: {e}"
 
 
@@ -241,6 +255,15 @@ def run_http_bench(url: str, prompts: Sequence[str | Sequence[int]], concurrency
         "concurrency_achieved": (sum(r.e2e for r in ok) / duration) if duration > 0 else math.nan,
         "accept_length": out_tok / verify if verify else None,
     }
+    rounds = [a for r in ok for a in r.accept_lengths]
+    # τ over verify rounds alone (the prefill's token left out), and its distribution
+    result["round_accept_length"] = sum(rounds) / len(rounds) if rounds else None
+    hist: list[int] = []
+    for a in rounds:
+        hist.extend([0] * (a - len(hist)))
+        hist[a - 1] += 1
+    result["accept_length_histogram"] = hist  # [i]: rounds that emitted i + 1 tokens
+    result["accept_lengths_exact"] = all(r.accept_lengths_exact for r in ok)
     result.update(_summary("ttft", [r.ttft for r in ok]))
     result.update(_summary("itl", [x for r in ok for x in r.itl]))
     result.update(_summary("tpot", [r.tpot for r in ok]))
@@ -273,6 +296,7 @@ def format_table(result: dict[str, Any]) -> str:
         ("Total token throughput (tok/s)", f(result["total_throughput"])),
         ("Concurrency achieved", f(result["concurrency_achieved"])),
         ("Accept length (server)", f(result["accept_length"])),
+        ("Accept length (per round)", f(result.get("round_accept_length"))),
     ]
     for name, title in (("e2e", "End-to-End Latency"), ("ttft", "Time to First Token"),
                         ("tpot", "Time per Output Token (excl. 1st token)"),

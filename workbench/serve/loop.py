@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from workbench.config import SamplingParams
-from workbench.core import RequestOutput
+from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.engine import hold_back_stops
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Ticket:
     rid: int | None = None
     done: bool = False
     submitted: float = field(default_factory=time.perf_counter)
+    logprobs: LogprobParams | None = None
 
 
 class LoopClosed(RuntimeError):
@@ -165,10 +166,10 @@ class EngineLoop:
                 "running": len(self._live)}
 
     def submit(self, prompt: Any, sampling: SamplingParams, sink: Sink,
-               stream: bool = False) -> Ticket:
+               stream: bool = False, logprobs: LogprobParams | None = None) -> Ticket:
         """Queue a request for admission; answers arrive on ``sink`` (module doc). Raises
         :class:`QueueFull` when ``max_pending`` requests are outstanding."""
-        ticket = Ticket(prompt, sampling, sink, stream)
+        ticket = Ticket(prompt, sampling, sink, stream, logprobs=logprobs)
         with self._lock:
             if self._closed:
                 raise LoopClosed(self.error or "engine loop is stopped")
@@ -275,7 +276,7 @@ class EngineLoop:
 
     def _admit(self, t: Ticket) -> None:
         try:
-            rid = self.engine.add_request(t.prompt, t.sampling)
+            rid = self.engine.add_request(t.prompt, t.sampling, logprobs=t.logprobs)
         except (ValueError, TypeError) as e:  # RequestError is a ValueError; bad input only
             self._done(t)
             t.sink.put(Rejected(str(e)))
@@ -310,7 +311,8 @@ class EngineLoop:
                 out = self.engine.output(o.rid)
                 # a partial stop string may still complete: not shown until it cannot
                 text = hold_back_stops(out.text, t.sampling.stop)
-                t.sink.put(Chunk(out.token_ids, text, out.metrics.verify_ct, False))
+                t.sink.put(Chunk(out.token_ids, text, out.metrics.verify_ct, False,
+                                 output=out))
         if self._live and not self.engine.has_unfinished():
             # Safety net: the engine holds no work, so nothing live can progress any more.
             for rid in list(self._live):

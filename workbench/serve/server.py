@@ -2,13 +2,16 @@
 
 Endpoints:
 
-- ``POST /generate`` — SGLang: ``{"text" | "input_ids", "sampling_params", "stream", "rid"}`` →
-  ``{"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
-  "finish_reason", "spec_verify_ct", "spec_accept_length", "e2e_latency"}}``; with
-  ``stream: true`` server-sent events ``data: {...}\\n\\n`` with cumulative ``text`` and
-  ``output_ids``, ending ``data: [DONE]``.
-- ``POST /v1/completions`` — OpenAI completions (``model, prompt, max_tokens, temperature, top_p,
-  stream, stop, seed``; extensions ``top_k, min_p, ignore_eos, stop_token_ids``), with ``usage``.
+- ``POST /generate`` — SGLang 0.5.23: ``{"text" | "input_ids", "sampling_params", "stream",
+  "rid", "return_logprob", "top_logprobs_num", "logprob_start_len", "return_text_in_logprobs"}``
+  (the other fields its clients send are accepted at their neutral values:
+  :data:`~workbench.serve.protocol.GENERATE_NO_OPS`) → ``{"text", "output_ids", "meta_info"}``,
+  meta_info as SGLang shapes it (:func:`~workbench.serve.protocol.meta_info`; logprobs:
+  :func:`~workbench.serve.protocol.sglang_logprobs`); with ``stream: true`` server-sent events
+  ``data: {...}\\n\\n`` with cumulative ``text`` and ``output_ids``, ending ``data: [DONE]``.
+- ``POST /v1/completions``, ``POST /v1/chat/completions`` — OpenAI (batched prompts, ``n``,
+  ``logprobs``/``echo``, chat templates, ``stream_options.include_usage``):
+  :mod:`workbench.serve.openai_api`.
 - ``GET /health`` (200, or 503 once the engine failed), ``GET /server_info`` (also
   ``/get_server_info``: model paths, spec and engine config, KV usage), ``GET /metrics``
   (Prometheus text, see :mod:`workbench.serve.metrics`), ``GET /v1/models``.
@@ -69,10 +72,9 @@ from workbench.serve.protocol import (
     ParsedRequest,
     admission_error,
     meta_info,
-    openai_finish_reason,
-    parse_completion,
     parse_generate,
     parse_json_object,
+    sglang_logprobs,
     sse,
 )
 
@@ -213,6 +215,12 @@ def server_info(engine: Any, name: str) -> dict[str, Any]:
     }
 
 
+def _token_decoder(engine: Any) -> Callable[[int], str] | None:
+    """One token id → its text (``return_text_in_logprobs``); None without a tokenizer."""
+    tok = engine.tokenizer
+    return None if tok is None else (lambda t: tok.decode([t]))
+
+
 def _num_positions(engine: Any) -> int:
     spec = engine.spec
     return 0 if spec is None else spec.num_steps
@@ -286,7 +294,8 @@ class _State:
                             "retry later", None, 503)  # before paying for tokenization
         prompt = await self.tokenize(parsed.prompt, parsed.prompt_field)
         try:
-            ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream)
+            ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream,
+                                      logprobs=parsed.logprobs)
         except QueueFull as e:
             raise HTTPError(str(e), None, 503) from None
         except LoopClosed:
@@ -515,11 +524,14 @@ def build_app(loop: EngineLoop, name: str = "workbench",
         rid = parsed.rid or uuid.uuid4().hex
         ticket, sink, adm = await st.admit(parsed)
 
+        decode = _token_decoder(loop.engine) if parsed.return_text_in_logprobs else None
+
         def body(c: Chunk) -> dict[str, Any]:
-            return {"text": c.text, "output_ids": c.token_ids,
-                    "meta_info": meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason,
-                                           c.verify_ct, time.perf_counter() - t0, c.error,
-                                           c.matched_stop)}
+            meta = meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason, c.verify_ct,
+                             time.perf_counter() - t0, c.error, c.matched_stop, c.output)
+            if parsed.logprobs is not None and c.output is not None:
+                meta.update(sglang_logprobs(c.output, decode))
+            return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
 
         if not parsed.stream:
             c = await st.final(request, ticket, sink)
@@ -535,45 +547,9 @@ def build_app(loop: EngineLoop, name: str = "workbench",
 
         return EngineStream(events(), ticket)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        parsed = parse_completion(await body_of(request))
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = parsed.model or name
-        ticket, sink, adm = await st.admit(parsed)
+    from workbench.serve.openai_api import add_openai_routes  # imports this module
 
-        def usage(c: Chunk) -> dict[str, int]:
-            n = len(c.token_ids)
-            return {"prompt_tokens": adm.prompt_tokens, "completion_tokens": n,
-                    "total_tokens": adm.prompt_tokens + n}
-
-        def response(text: str, finish: str | None, **more: Any) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": text, "logprobs": None,
-                                 "finish_reason": openai_finish_reason(finish)}], **more}
-
-        if not parsed.stream:
-            c = await st.final(request, ticket, sink)
-            if c is None:
-                return Response(status_code=499)
-            _check_failed(c)
-            return response(c.text, c.finish_reason, usage=usage(c))
-
-        async def events() -> AsyncIterator[bytes]:
-            sent = ""
-            last: Chunk | None = None
-            async for c in st.chunks(ticket, sink):
-                delta = c.text[len(sent):] if c.text.startswith(sent) else c.text
-                sent, last = c.text, c
-                if delta or c.finished:
-                    yield sse(response(delta, c.finish_reason if c.finished else None))
-            if parsed.include_usage and last is not None:
-                yield sse({"id": cid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [], "usage": usage(last)})
-            yield sse("[DONE]")
-
-        return EngineStream(events(), ticket)
+    add_openai_routes(app, st, name, body_of)
 
     return app
 

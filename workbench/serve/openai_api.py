@@ -1,0 +1,374 @@
+"""OpenAI routes of ``workbench serve``: ``/v1/completions`` and ``/v1/chat/completions``.
+
+What the ``openai`` SDK and lm-eval-harness's ``local-completions`` send works:
+
+- ``/v1/completions``: a prompt (text or token ids) or a list of them, ``n`` samples each
+  (choice ``i * n + j``; with a ``seed``, sample j uses ``seed + j``), ``logprobs`` (the k most
+  likely alternatives per token, 0-20) with ``echo`` (the prompt and its logprobs first, the
+  prompt's first token ``None``: it has no context), ``stream`` with
+  ``stream_options.include_usage`` (a last chunk with ``usage`` and no choices);
+- ``/v1/chat/completions``: text messages rendered with the tokenizer's own chat template
+  (``tokenizer_config.json``); a model whose tokenizer has none gets a 400 naming
+  ``messages`` and the missing template. ``logprobs: true`` + ``top_logprobs``, ``n``,
+  streaming (``chat.completion.chunk``: the role first, then content deltas) and usage.
+
+Logprobs are the engine's (:class:`~workbench.core.LogprobParams`): the target's logits, the
+verify logits under speculation, so they equal the baseline's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from workbench.core import LogprobParams, RequestOutput
+from workbench.serve.loop import Chunk, Ticket
+from workbench.serve.protocol import (
+    HTTPError,
+    OpenAIRequest,
+    ParsedRequest,
+    openai_finish_reason,
+    parse_chat,
+    parse_completion,
+    sse,
+)
+from workbench.serve.server import _check_failed, _disconnected, _public
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response, StreamingResponse
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("the server needs the serve extra: pip install -e '.[serve]' "
+                      f"(fastapi, uvicorn, httpx): {e}") from e
+
+
+class _Choice:
+    """One admitted sample: its ticket, sink and prompt token count."""
+
+    def __init__(self, index: int, ticket: Ticket, sink: Any, prompt_tokens: int) -> None:
+        self.index = index
+        self.ticket = ticket
+        self.sink = sink
+        self.prompt_tokens = prompt_tokens
+
+
+class _Stream(StreamingResponse):
+    """A streamed response that aborts every choice's request however the stream ends."""
+
+    def __init__(self, body: AsyncIterator[bytes], abort: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._abort = abort
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._abort()
+
+
+def _token_text(tokenizer: Any) -> Callable[[int], str]:
+    cache: dict[int, str] = {}
+
+    def text(tok: int) -> str:
+        if tok not in cache:
+            cache[tok] = tokenizer.decode([tok]) if tokenizer is not None else str(tok)
+        return cache[tok]
+    return text
+
+
+def completion_logprobs(out: RequestOutput, tok_text: Callable[[int], str], echo: bool,
+                        offset0: int, first_output: int = 0,
+                        with_prompt: bool | None = None) -> dict[str, Any]:
+    """OpenAI's legacy ``logprobs`` object of a completion choice: ``tokens``,
+    ``token_logprobs``, ``top_logprobs`` (``{token text: logprob}`` per position) and
+    ``text_offset`` (characters from ``offset0``); with ``echo`` the prompt's tokens come
+    first. Output tokens from index ``first_output`` on (streaming sends the rest later)."""
+    tokens: list[str] = []
+    lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    ids: list[int] = []
+
+    def top(row: list[tuple[int, float]] | None) -> dict[str, float] | None:
+        if row is None:
+            return None
+        d: dict[str, float] = {}
+        for t, v in row:
+            d.setdefault(tok_text(t), v)
+        return d
+
+    if echo if with_prompt is None else with_prompt:
+        ids += out.prompt_ids
+        lps += list(out.input_logprobs or [None] * len(out.prompt_ids))
+        tops += list(out.input_top_logprobs or [{}] * len(out.prompt_ids))
+    new = out.token_ids[first_output:]
+    ids += new
+    lps += list((out.output_logprobs or [])[first_output:first_output + len(new)])
+    tops += list((out.output_top_logprobs or [[]] * len(out.token_ids))[first_output:])
+    offsets, pos = [], offset0
+    for t in ids:
+        s = tok_text(t)
+        tokens.append(s)
+        offsets.append(pos)
+        pos += len(s)
+    return {"tokens": tokens, "token_logprobs": lps,
+            "top_logprobs": [top(r) if r is not None else None for r in tops],
+            "text_offset": offsets}
+
+
+def chat_logprobs(out: RequestOutput, tok_text: Callable[[int], str],
+                  first_output: int = 0) -> dict[str, Any]:
+    """OpenAI chat's ``logprobs``: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+    def item(t: int, v: float) -> dict[str, Any]:
+        s = tok_text(t)
+        return {"token": s, "logprob": v, "bytes": list(s.encode("utf-8"))}
+
+    tops = out.output_top_logprobs
+    content = []
+    for i, (t, v) in enumerate(zip(out.token_ids, out.output_logprobs or [], strict=False)):
+        if i < first_output:
+            continue
+        row = tops[i] if tops is not None and i < len(tops) else []
+        content.append({**item(t, v), "top_logprobs": [item(a, b) for a, b in row]})
+    return {"content": content}
+
+
+def add_openai_routes(app: FastAPI, st: Any, name: str,
+                      body_of: Callable[[Any], Any]) -> None:
+    """Register /v1/completions and /v1/chat/completions on ``app`` (``st``: the server's
+    shared state: tokenizer pool, admission, the engine loop; ``body_of``: its bounded JSON
+    body reader)."""
+    loop = st.loop
+    engine = loop.engine
+
+    async def admit_all(req: OpenAIRequest, prompts: list[Any]) -> list[_Choice]:
+        """Admit every choice (prompt i, sample j) or none: a refused one aborts the rest."""
+        lp = None
+        if req.logprobs is not None:
+            lp = LogprobParams(top_k=req.logprobs, start=0 if req.echo else None)
+        choices: list[_Choice] = []
+        try:
+            for i, p in enumerate(prompts):
+                field = f"{req.prompt_field}[{i}]" if len(prompts) > 1 else req.prompt_field
+                for j in range(req.n):
+                    parsed = ParsedRequest(p, req.choice_sampling(j), req.stream, field,
+                                           logprobs=lp)
+                    ticket, sink, adm = await st.admit(parsed)
+                    choices.append(_Choice(i * req.n + j, ticket, sink, adm.prompt_tokens))
+        except BaseException:
+            for c in choices:
+                loop.abort(c.ticket)
+            raise
+        return choices
+
+    def abort_all(choices: list[_Choice]) -> Callable[[], None]:
+        def abort() -> None:
+            for c in choices:
+                loop.abort(c.ticket)
+        return abort
+
+    async def finals(request: Any, choices: list[_Choice]) -> list[Chunk] | None:
+        """Every choice's final chunk, or None if the client went away first (all aborted)."""
+        async def one(c: _Choice) -> Chunk:
+            while True:
+                item = await c.sink.queue.get()
+                if isinstance(item, Chunk) and item.finished:
+                    return _public(item)
+
+        watcher = asyncio.ensure_future(_disconnected(request))
+        gathered = asyncio.ensure_future(asyncio.gather(*(one(c) for c in choices)))
+        try:
+            done, _ = await asyncio.wait({gathered, watcher},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gathered not in done:
+                gathered.cancel()
+                return None
+            return list(gathered.result())
+        finally:
+            watcher.cancel()
+            abort_all(choices)()  # no-op for finished ones
+
+    async def merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, Chunk]]:
+        """Every choice's streamed chunks as they come (partial UTF-8 held back)."""
+        q: asyncio.Queue[tuple[_Choice, Chunk] | None] = asyncio.Queue()
+
+        async def pump(c: _Choice) -> None:
+            try:
+                async for chunk in st.chunks(c.ticket, c.sink):
+                    await q.put((c, chunk))
+            finally:
+                await q.put(None)
+
+        tasks = [asyncio.ensure_future(pump(c)) for c in choices]
+        try:
+            live = len(tasks)
+            while live:
+                item = await q.get()
+                if item is None:
+                    live -= 1
+                    continue
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def prompt_usage(req: OpenAIRequest, choices: list[_Choice]) -> int:
+        # each prompt counts once, however many samples it has (as OpenAI counts)
+        return sum(c.prompt_tokens for c in choices if c.index % req.n == 0)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        req = parse_completion(await body_of(request))
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or name
+        tok_text = _token_text(engine.tokenizer)
+        choices = await admit_all(req, req.prompts)
+
+        def prompt_text(out: RequestOutput, i: int) -> str:
+            p = req.prompts[i // req.n]
+            if isinstance(p, str):
+                return p
+            return engine.tokenizer.decode(out.prompt_ids) if engine.tokenizer else ""
+
+        if not req.stream:
+            got = await finals(request, choices)
+            if got is None:
+                return Response(status_code=499)
+            out_choices = []
+            for c, chunk in zip(choices, got, strict=True):
+                _check_failed(chunk)
+                out = chunk.output
+                assert out is not None
+                head = prompt_text(out, c.index) if req.echo else ""
+                lp = None
+                if req.logprobs is not None:
+                    lp = completion_logprobs(out, tok_text, req.echo,
+                                             0 if req.echo else len(prompt_text(out, c.index)))
+                out_choices.append({"index": c.index, "text": head + chunk.text, "logprobs": lp,
+                                    "finish_reason": openai_finish_reason(chunk.finish_reason)})
+            return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                    "choices": out_choices,
+                    "usage": usage(prompt_usage(req, choices),
+                                   sum(len(g.token_ids) for g in got))}
+
+        async def events() -> AsyncIterator[bytes]:
+            sent_text: dict[int, str] = {}
+            sent_toks: dict[int, int] = {}
+            done_toks: dict[int, int] = {}
+            async for c, chunk in merged(choices):
+                out = chunk.output
+                first = c.index not in sent_text
+                prev = sent_text.get(c.index, "")
+                delta = chunk.text[len(prev):] if chunk.text.startswith(prev) else chunk.text
+                sent_text[c.index] = chunk.text
+                head = prompt_text(out, c.index) if first and req.echo and out else ""
+                if not (delta or head or chunk.finished):
+                    continue
+                lp = None
+                if req.logprobs is not None and out is not None:
+                    k = sent_toks.get(c.index, 0)
+                    lp = completion_logprobs(out, tok_text, req.echo, 0, first_output=k,
+                                             with_prompt=first and req.echo)
+                    sent_toks[c.index] = len(out.token_ids)
+                if chunk.finished:
+                    done_toks[c.index] = len(chunk.token_ids)
+                yield sse({"id": cid, "object": "text_completion", "created": created,
+                           "model": model, "choices": [{
+                               "index": c.index, "text": head + delta, "logprobs": lp,
+                               "finish_reason": openai_finish_reason(chunk.finish_reason)
+                               if chunk.finished else None}]})
+            if req.include_usage:
+                yield sse({"id": cid, "object": "text_completion", "created": created,
+                           "model": model, "choices": [],
+                           "usage": usage(prompt_usage(req, choices), sum(done_toks.values()))})
+            yield sse("[DONE]")
+
+        return _Stream(events(), abort_all(choices))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        req = parse_chat(await body_of(request))
+        tokenizer = engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise HTTPError(f"messages: the model {name!r} has no chat template (no "
+                            "chat_template in its tokenizer_config.json), so its messages "
+                            "cannot be rendered; send a prompt to /v1/completions instead",
+                            "messages")
+        messages = req.prompts[0]
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > st.max_prompt_chars:
+            raise HTTPError(f"messages: {chars} characters is longer than this server accepts "
+                            f"({st.max_prompt_chars})", "messages")
+
+        def render() -> list[int]:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=False)
+            return list(tokenizer.encode(text, add_special_tokens=False))
+
+        ids = await asyncio.get_running_loop().run_in_executor(st.tokenizer_pool, render)
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = req.model or name
+        tok_text = _token_text(tokenizer)
+        choices = await admit_all(req, [ids])
+
+        if not req.stream:
+            got = await finals(request, choices)
+            if got is None:
+                return Response(status_code=499)
+            out_choices = []
+            for c, chunk in zip(choices, got, strict=True):
+                _check_failed(chunk)
+                assert chunk.output is not None
+                lp = None if req.logprobs is None else chat_logprobs(chunk.output, tok_text)
+                out_choices.append({"index": c.index,
+                                    "message": {"role": "assistant", "content": chunk.text},
+                                    "logprobs": lp,
+                                    "finish_reason": openai_finish_reason(chunk.finish_reason)})
+            return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": out_choices,
+                    "usage": usage(prompt_usage(req, choices),
+                                   sum(len(g.token_ids) for g in got))}
+
+        def event(index: int, delta: dict[str, Any], finish: str | None,
+                  lp: dict[str, Any] | None = None) -> bytes:
+            return sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                        "model": model, "choices": [{"index": index, "delta": delta,
+                                                     "logprobs": lp, "finish_reason": finish}]})
+
+        async def events() -> AsyncIterator[bytes]:
+            for c in choices:
+                yield event(c.index, {"role": "assistant", "content": ""}, None)
+            sent_text: dict[int, str] = {}
+            sent_toks: dict[int, int] = {}
+            done_toks: dict[int, int] = {}
+            async for c, chunk in merged(choices):
+                prev = sent_text.get(c.index, "")
+                delta = chunk.text[len(prev):] if chunk.text.startswith(prev) else chunk.text
+                sent_text[c.index] = chunk.text
+                if not (delta or chunk.finished):
+                    continue
+                lp = None
+                if req.logprobs is not None and chunk.output is not None:
+                    lp = chat_logprobs(chunk.output, tok_text, sent_toks.get(c.index, 0))
+                    sent_toks[c.index] = len(chunk.output.token_ids)
+                if chunk.finished:
+                    done_toks[c.index] = len(chunk.token_ids)
+                yield event(c.index, {"content": delta} if delta else {},
+                            openai_finish_reason(chunk.finish_reason) if chunk.finished
+                            else None, lp)
+            if req.include_usage:
+                yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                           "model": model, "choices": [],
+                           "usage": usage(prompt_usage(req, choices), sum(done_toks.values()))})
+            yield sse("[DONE]")
+
+        return _Stream(events(), abort_all(choices))
