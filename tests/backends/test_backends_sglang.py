@@ -279,8 +279,11 @@ def test_client_generate_equals_engine(server, solo, stream: bool) -> None:
         assert o.token_ids == ref.token_ids and o.text == ref.text
         assert o.finish_reason == "length"
         assert o.metrics.verify_ct == ref.metrics.verify_ct > 0
-        assert sum(o.metrics.accept_lengths) == N
-        assert o.metrics.accept_length == pytest.approx(N / ref.metrics.verify_ct)
+        # per round from spec_correct_drafts_histogram (exact, order lost), or the even spread
+        # of completion_tokens when the server sends no histogram
+        spread = approx_accept_lengths(N, o.metrics.verify_ct)
+        assert sorted(o.metrics.accept_lengths) in (sorted(ref.metrics.accept_lengths),
+                                                    sorted(spread))
         assert o.metrics.e2e is not None and o.metrics.e2e > 0
         if stream:
             assert 0 < o.metrics.ttft <= o.metrics.e2e
@@ -301,7 +304,7 @@ def test_client_trace_events(server) -> None:
     for e in finished:
         o = by_rid[e.rid]
         assert e.reason == "length" and e.output_len == 5
-        assert e.verify_ct == o.metrics.verify_ct and sum(e.accept_lengths) == 5
+        assert e.verify_ct == o.metrics.verify_ct and e.accept_lengths == o.metrics.accept_lengths
         assert 0 < e.ttft_s <= e.e2e_s
     for e in admitted:
         assert e.max_new_tokens == 5 and e.temperature == 0.0 and e.prompt_len > 0

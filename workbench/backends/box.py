@@ -65,6 +65,10 @@ def sweep_threshold(url: str, prompts: Sequence[str], levels: Sequence[int],
     for c in levels:
         b, e = tok["baseline"][c], tok["eagle3"][c]
         print(f"{c:>11} {b:>15.1f} {e:>13.1f} {e / b if b else float('nan'):>8.2f}")
+    failed = [(r["arm"], r["concurrency"]) for r in rows if r["failed"]]
+    if failed:
+        print(f"WARNING: failed requests at (arm, concurrency) {failed}: their tok/s count only "
+              "the requests that finished")
     where = "never (eagle3 wins at every level)" if crossover is None else \
         f"at concurrency {crossover}"
     print(f"\nbaseline catches up {where}; suggested BatchThreshold({n})")
