@@ -198,10 +198,10 @@ class SpecConfig:
     # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold; its
     # warm steps extend only drafts at most catchup_window behind, so a new prompt longer than
     # that waits for its first speculative step (high load never pays for its extend).
-    # Default "auto": the best measured setting. "warm" runs a draft forward on every plain
-    # step, a K=0 tax of +14-17 % with BatchThreshold(0) on a 2-core Xeon (issue 18); "auto"
-    # keeps it within 2 % at concurrency 1..64 (data/results/<machine>/k0_tax.json) while
-    # short on/off flips still find a current draft. Outputs never depend on it.
+    # Default "auto", the best measured setting: "warm" runs a draft forward on every plain
+    # step, a K=0 tax (BatchThreshold(0) vs baseline) of +14-17 % on a 2-core Xeon and +8-15 %
+    # on a 2-core EPYC; "auto" measured 0.3-6.6 % whole-run on the EPYC under load 6-11 (<= 1.2 %
+    # in a quieter run), see `bench k0` / data/results/amd-epyc.json. Outputs never depend on it.
     draft_state: Literal["warm", "cold", "auto"] = "auto"
     # a cold draft keeps the target features of at most this many missed positions (the most
     # recent): the catch-up when speculation returns extends over them only, and older missed
