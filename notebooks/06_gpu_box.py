@@ -147,7 +147,10 @@ if HAVE_SERVE:
     reference = engine.generate(prompts, sampling, spec=local)
     engine.set_spec(wb.SpecConfig(num_steps=3, topk=1))
     server = start_server(engine)  # port 0: a free port
-    client = SGLangClient(BOX_URL or server.url)
+    client = SGLangClient(server.url)
+    if BOX_URL:  # the real box: is it adaptive?
+        with SGLangClient(BOX_URL) as box:
+            print(BOX_URL, "runs speculation:", box.speculation_mode())
 
 # %%
 # NBVAL_CHECK_OUTPUT
