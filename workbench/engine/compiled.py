@@ -3,11 +3,11 @@
 A plain bs=1 decode step runs thousands of tiny ops per token; on a CPU whose caches hold the
 whole model (issue 18: a 2-core Xeon) that per-op overhead is ~60 % of the step. The usual
 lever (gpt-fast) is to compile the step with fixed shapes: here ``torch.compile(fullgraph=True,
-dynamic=False)`` of the target's decoder layers (``LlamaForCausalLM.layers_forward``) for one
-row (M=1), with the paged attention as an opaque custom op (``workbench::paged_attention``)
-that calls back into the engine's planned backend — so the KV pool, the plan and the ragged
-paths stay exactly the eager ones, and only the norms, RoPE, SiLU·up and GEMM calls around
-them are traced and fused.
+dynamic=False)`` of the target's decoder layers (``LlamaForCausalLM.layers_forward``, traced
+on dense weight views: Inductor picks its own GEMM kernels) for one row (M=1), with the paged
+attention as an opaque custom op (``workbench::paged_attention``) that calls back into the
+engine's planned backend — so the KV pool, the plan and the ragged paths stay exactly the eager
+ones, and only the norms, RoPE, SiLU·up and GEMM calls around them are traced and fused.
 
 :class:`CompiledSteps` plugs into the engine where CUDA graphs do (``Engine.graphs``): its
 :meth:`~CompiledSteps.run` serves a single request's one-token forward and returns None for
@@ -127,12 +127,13 @@ class CompiledSteps:
 def _make_fn(engine: Any, key: int) -> Callable[..., Any]:
     target, aux = engine.target, tuple(engine.aux_layers)
     attn = _OpAttention(key)
+    fast = target.dense_layers()  # traceable views (oneDNN-packed weights are opaque)
     compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
 
     def fn(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
         x = target.model.embed_tokens(tokens)
         cos, sin = rolled_rope_tables(*target.model.rotary_emb.cos_sin(positions, x.dtype))
-        return compiled(x, cos, sin, attn, aux)
+        return compiled(x, cos, sin, attn, aux, fast, "dense")
 
     return fn
 

@@ -418,15 +418,17 @@ class LlamaForCausalLM(nn.Module):
 
     def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        attn: AttentionBackend, aux_layers: Sequence[int] = (),
+                       fast: Sequence[FastLayer] | None = None, gemm: str | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` after the embedding and RoPE tables (``rolled_rope_tables``): the
         decoder layers and the final norm. Shape-static given x (T, D), which is what a
-        compiled step (``workbench.engine.compiled``) traces."""
-        lin, lin_add = gemm_ops(self.gemm)
+        compiled step (``workbench.engine.compiled``) traces — with ``fast``/``gemm`` set to
+        dense views (:meth:`dense_layers`), since oneDNN-packed weights cannot be traced."""
+        lin, lin_add = gemm_ops(gemm or self.gemm)
         m, eps = self.model, self.config.rms_norm_eps
         d = (x.shape[-1],)
         taps: dict[int, torch.Tensor] = {}
-        for i, f in enumerate(self._fast):  # type: ignore[union-attr]
+        for i, f in enumerate(fast if fast is not None else self._fast):  # type: ignore[arg-type]
             if i in aux_layers:
                 taps[i] = x
             qkv = lin(F.rms_norm(x, d, f.norm1, eps), f.qkv, f.qkv_bias)
@@ -446,6 +448,15 @@ class LlamaForCausalLM(nn.Module):
             else:
                 x = x + lin(F.silu(g) * u, f.down, f.down_bias)
         return m.norm(x), gather_taps(taps, aux_layers)
+
+    def dense_layers(self) -> list[FastLayer]:
+        """The decoder layers' inference weights as dense views (no copy), whatever
+        ``self.gemm`` is."""
+        if self._fast is None:
+            self.fuse()
+        if self.gemm == "dense":
+            return list(self._fast)  # type: ignore[arg-type]
+        return [FastLayer.of(layer, "dense") for layer in self.model.layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (T, D) → logits (T, V) in float32."""
