@@ -1,11 +1,16 @@
 """Render data/models/*/README.md from training summaries and the latest bench results.
 
 Usage: python scripts/write_model_cards.py  (after `python -m workbench bench spec`)
+
+The main table is the latest ``data/results/spec_bs1.json``; a "Speed by machine kind" section
+follows with every ``data/results/<kind>.json`` (one per kind of machine, each figure with its
+command, load and flags).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from workbench.train.card import write_cards
 
@@ -35,7 +40,69 @@ COMMANDS = {
     },
 }
 
+BY_MACHINE = "## Speed by machine kind"
+
+
+def _fmt(v: Any, nd: int = 2) -> str:
+    return f"{v:.{nd}f}" if isinstance(v, int | float) else str(v)
+
+
+def machine_section(folder: Path) -> str:
+    """Every machine kind's figures (``data/results/<kind>.json``), each with its machine,
+    command, load and flags: a figure is never quoted without the machine it came from."""
+    from workbench.bench.results import load_all
+
+    docs = load_all(folder)
+    lines = [BY_MACHINE, "",
+             "Speed depends on the machine (issue 18): each kind's figures come from "
+             "`data/results/<kind>.json`, written by the `bench` command shown. `loaded` marks a "
+             "run whose load average exceeded the cores (other jobs competed): its absolute tok/s "
+             "are low and only its side-by-side ratios mean something.", ""]
+    if not docs:
+        return "\n".join([*lines, "_no per-machine results yet_", ""])
+    for kind, doc in docs.items():
+        m = doc["machine"]
+        l2, l3 = m.get("l2"), m.get("l3")
+        caches = (f" · L2 {l2 / 2**20:g} MiB · L3 {l3 / 2**20:g} MiB"
+                  if isinstance(l2, int) and isinstance(l3, int) else "")
+        lines += [f"### {m.get('cpu')} (`{kind}`)", "",
+                  f"{m.get('cores')} cores{caches} · "
+                  f"{', '.join(m.get('flags') or []) or 'flags not recorded'} · torch "
+                  f"{m.get('torch')}" + (f" · source: {doc['source']}" if doc.get("source")
+                                         else ""), ""]
+        for bench, b in doc["benchmarks"].items():
+            load = b.get("load") or {}
+            ld = (f"load {load.get('before', ['?'])[0]} → {load.get('after', ['?'])[0]} on "
+                  f"{load.get('cores', '?')} cores" if load else "load not recorded")
+            flags = ", ".join(sorted(set(b.get("flags") or []))) or "none"
+            lines += [f"**{bench}** — `{b.get('command')}` ({b.get('time', '?')}, commit "
+                      f"{b.get('commit', '?')}; {ld}; flags: {flags})", ""]
+            rows = b.get("summary") or []
+            if rows:
+                cols = [c for c in rows[0] if c not in ("flags",) and not c.endswith(("_lo",
+                                                                                       "_hi"))]
+                cols = cols[:9]
+                lines.append("| " + " | ".join(cols) + " |")
+                lines.append("|" + "---|" * len(cols))
+                for r in rows:
+                    lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+                lines.append("")
+            if b.get("note"):
+                lines += [f"_{b['note']}_", ""]
+    return "\n".join(lines)
+
+
+def append_machine_section(card: Path, section: str) -> None:
+    text = card.read_text()
+    if BY_MACHINE in text:
+        text = text[: text.index(BY_MACHINE)].rstrip() + "\n"
+    card.write_text(text.rstrip() + "\n\n" + section)
+
+
 if __name__ == "__main__":
     write_cards(ROOT / "data/models/wb-target", ROOT / "data/models/wb-eagle3",
                 ROOT / "data/results/spec_bs1.json", COMMANDS)
+    section = machine_section(ROOT / "data/results")
+    for name in ("wb-target", "wb-eagle3"):
+        append_machine_section(ROOT / "data/models" / name / "README.md", section)
     print("wrote data/models/wb-target/README.md and data/models/wb-eagle3/README.md")
