@@ -62,8 +62,9 @@ print("τ == accepted nodes per tree, root included (it stands for the bonus):",
 
 # %% [markdown]
 # The best step of this request: the highlighted path is what the target accepted; the dashed
-# diamond is the **bonus** token the target produces after the last accepted node. Hover a node
-# for its draft and target probabilities.
+# diamond is the **bonus** token the target produces after the last accepted node (drawn one
+# depth further, on a row of its own below the drafted nodes). Hover a node for its draft and
+# target probabilities.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -71,11 +72,20 @@ step, rid = F.pick_tree(verify, "longest")
 F.draft_tree(tree, step, rid, engine.tokenizer)
 
 # %% [markdown]
-# And a step where the head missed at depth 1: only the bonus token comes out.
+# And the step of this request with the shortest accepted path (what happened there is
+# computed from the trace):
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 step, rid = F.pick_tree(verify, "shortest")
+worst = int(verify[(verify.step == step) & (verify.rid == rid)].accept_length.iloc[0])
+share1 = (verify.accept_length == 1).mean()
+if worst == 1:
+    print(f"step {step}: the head missed at depth 1, only the bonus token came out (τ = 1); "
+          f"{share1:.0%} of this request's {len(verify)} verify steps went that way")
+else:
+    print(f"even the worst step ({step}) accepted {worst - 1} draft token(s) plus the bonus "
+          f"(τ = {worst}): no verify step of this request came out empty")
 F.draft_tree(tree, step, rid, engine.tokenizer)
 
 # %% [markdown]
