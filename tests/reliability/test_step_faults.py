@@ -168,8 +168,8 @@ def test_a_request_larger_than_the_pool_finishes_instead_of_waiting_forever(
         e.close()
 
 
-ABORT_EVENTS = (ev.RequestAdmitted, ev.Prefill, ev.DraftStep, ev.TreeBuilt, ev.Verified,
-                ev.RequestFinished, ev.PolicyDecision, ev.StepTiming, ev.KVUsage)
+ABORT_EVENTS = (ev.RequestAdmitted, ev.Prefill, ev.DraftExtended, ev.DraftStep, ev.TreeBuilt,
+                ev.Verified, ev.RequestFinished, ev.PolicyDecision, ev.StepTiming, ev.KVUsage)
 
 
 @pytest.mark.parametrize("event", ABORT_EVENTS, ids=lambda c: c.__name__)

@@ -745,11 +745,6 @@ class Engine:
         if not reqs:
             return
         faults.check("step:extend")
-        if self.trace.enabled:
-            self.trace.emit(ev.DraftExtended(
-                t=time.perf_counter(), step=self.step_id, rids=[r.rid for r in reqs],
-                rows=[r.kv_len - r.draft_len for r in reqs],
-                holes=[[[s, e] for s, e in r.draft_holes] for r in reqs]))
         assert self.draft is not None and self.draft_attn is not None and self.pool is not None
         toks, pos, feats, write, kv, q_lens = [], [], [], [], [], []
         for r in reqs:
@@ -773,6 +768,10 @@ class Engine:
             r.draft_len = r.kv_len
             r.pending_feats = None
             r.pending_rows = 0
+        if self.trace.enabled:  # after the state it describes (tracer.py: hook policy)
+            self.trace.emit(ev.DraftExtended(
+                t=time.perf_counter(), step=self.step_id, rids=[r.rid for r in reqs],
+                rows=q_lens, holes=[[[s, e] for s, e in r.draft_holes] for r in reqs]))
 
     def _draft_slots(self, r: Request, end: int) -> torch.Tensor:
         """Draft-pool slots of positions [0, end) the draft holds (its holes left out)."""
