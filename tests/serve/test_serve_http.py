@@ -94,6 +94,7 @@ def test_health_and_server_info(http, server) -> None:
 
 METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"\})? (\S+)$')
 NAMES = ["sglang:spec_accept_length", "sglang:spec_accept_rate", "sglang:num_running_reqs",
+         "sglang:num_queue_reqs", "sglang:spec_num_steps", "sglang:spec_verify_calls_total",
          "sglang:generation_tokens_total", "sglang:prompt_tokens_total",
          "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
          "vllm:spec_decode_num_accepted_tokens_total",
@@ -114,7 +115,11 @@ def parse_metrics(text: str) -> dict[str, float]:
         m = METRIC_LINE.match(line)
         assert m, f"unparseable metrics line {line!r}"
         assert m.group(1) in types, f"{m.group(1)} has no # TYPE line"
-        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        labels = m.group(2) or ""
+        if labels.startswith("{model_name="):  # SGLang's label on every sglang: series
+            assert labels == '{model_name="model"}', labels
+            labels = ""
+        out[m.group(1) + labels] = float(m.group(3))
     return out
 
 
@@ -136,6 +141,8 @@ def test_metrics(http) -> None:
     assert after["sglang:spec_accept_length"] >= 1.0
     assert 0.0 <= after["sglang:spec_accept_rate"] <= 1.0
     assert after["workbench:kv_used_blocks"] == 0 and after["sglang:num_running_reqs"] == 0
+    assert after["sglang:num_queue_reqs"] == 0 and after["sglang:spec_num_steps"] == SPEC.num_steps
+    assert after["sglang:spec_verify_calls_total"] == after["vllm:spec_decode_num_drafts_total"]
 
 
 def test_cli_init_failure_exits_nonzero_naming_the_stage(tmp_path: Path) -> None:

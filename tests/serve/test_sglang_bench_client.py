@@ -75,7 +75,7 @@ def _metrics(url: str) -> dict[str, float]:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            out[name.split("{model_name=")[0]] = float(value)
     return out
 
 

@@ -510,7 +510,8 @@ def build_app(loop: EngineLoop, name: str = "workbench",
     @app.get("/metrics")
     async def metrics() -> Any:
         snap, npos = await st.call(lambda e: (snapshot(e, loop), _num_positions(e)))
-        return PlainTextResponse(render(snap, npos), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(render(snap, npos, name),
+                                 media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> Any:
