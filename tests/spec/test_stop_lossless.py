@@ -163,3 +163,12 @@ def test_stream_never_shows_a_stop_string(engine: wb.Engine) -> None:
     whole = engine.generate([p], sp, spec=CONFIGS["S5 K4 N16"])[0]
     streamed = "".join(engine.stream(p, sp, spec=CONFIGS["S5 K4 N16"]))
     assert streamed == whole.text
+
+
+def test_stops_do_fire_inside_accepted_blocks(engine: wb.Engine) -> None:
+    """Guard: the suite above exercises stops on an accepted draft token (mid-block), not only
+    on a block's last (bonus) token."""
+    ps = prompts(13, seed=113)
+    sps = with_stops(engine, ps, wb.SamplingParams())
+    outs = run(engine, ps, sps, CONFIGS["S5 K4 N16"], 13)
+    assert any(o.finish_reason == "stop" and o.from_draft and o.from_draft[-1] for o in outs)
