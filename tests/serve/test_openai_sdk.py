@@ -184,3 +184,26 @@ def test_chat_completions(chat_server: ServerHandle) -> None:
     assert chunks[-1].usage.completion_tokens == 8
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
 
+
+
+def test_lm_eval_loglikelihood_payload(http, reference_engine: wb.Engine) -> None:
+    """lm-eval-harness local-completions' loglikelihood request, as it sends it: token-id
+    prompts in a batch, max_tokens 1, temperature 0, logprobs 1, echo; it sums
+    token_logprobs[ctxlen:-1] and compares each with max(top_logprobs)."""
+    seqs = [[12, 40, 41, 99, 7, 7, 15], [5, 6, 7, 8, 9]]
+    ctxlens = [4, 2]
+    r = http.post("/v1/completions", json={"model": "m", "prompt": seqs, "temperature": 0,
+                                           "max_tokens": 1, "logprobs": 1, "seed": 1234,
+                                           "echo": True})
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    for seq, ctxlen, c in zip(seqs, ctxlens, choices, strict=True):
+        lp = c["logprobs"]
+        assert len(lp["token_logprobs"]) == len(seq) + 1
+        dense = _dense_logprobs(reference_engine, seq)
+        want = dense[:-1].gather(1, torch.tensor(seq[1:])[:, None])[:, 0]
+        got = sum(lp["token_logprobs"][ctxlen:-1])
+        assert got == pytest.approx(float(want[ctxlen - 1:].sum()), abs=1e-3)
+        for v, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1],
+                          strict=True):
+            assert v <= max(top.values()) + TOL
