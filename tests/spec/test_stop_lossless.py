@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spec.test_lossless import CONFIGS, prompts, run_staggered
+from spec.test_lossless import CONFIGS, prompts
 
 import workbench as wb
 
