@@ -44,7 +44,11 @@ BY_MACHINE = "## Speed by machine kind"
 
 
 def _fmt(v: Any, nd: int = 2) -> str:
-    return f"{v:.{nd}f}" if isinstance(v, int | float) else str(v)
+    if isinstance(v, bool) or v is None:
+        return "—" if v is None else str(v)
+    if isinstance(v, int) or (isinstance(v, float) and v.is_integer() and abs(v) >= 1):
+        return str(int(v))
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
 def machine_section(folder: Path) -> str:
@@ -72,8 +76,9 @@ def machine_section(folder: Path) -> str:
                                          else ""), ""]
         for bench, b in doc["benchmarks"].items():
             load = b.get("load") or {}
-            ld = (f"load {load.get('before', ['?'])[0]} → {load.get('after', ['?'])[0]} on "
-                  f"{load.get('cores', '?')} cores" if load else "load not recorded")
+            before, after = load.get("before") or ["?"], load.get("after") or ["?"]
+            ld = (f"load {before[0]} → {after[0]} on {load.get('cores', '?')} cores" if load
+                  else "load not recorded")
             flags = ", ".join(sorted(set(b.get("flags") or []))) or "none"
             lines += [f"**{bench}** — `{b.get('command')}` ({b.get('time', '?')}, commit "
                       f"{b.get('commit', '?')}; {ld}; flags: {flags})", ""]
