@@ -210,8 +210,10 @@ def server_info(engine: Any, name: str) -> dict[str, Any]:
         "engine_config": dataclasses.asdict(engine.config),
         "max_model_len": engine.max_model_len,
         "kv": engine.kv_usage(),
-        # what SGLang's bench_serving reads for the server-wide accept length
-        "internal_states": [{"avg_spec_accept_length": engine.stats.accept_length}],
+        # what SGLang's bench_serving reads for the server-wide accept length (upstream sets it
+        # only on a speculating server; so here)
+        "internal_states": [{} if spec is None else
+                            {"avg_spec_accept_length": engine.stats.accept_length}],
     }
 
 
