@@ -322,7 +322,7 @@ CHAT_NO_OPS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0
                                "logit_bias": {}, "tools": None, "tool_choice": "none",
                                "parallel_tool_calls": None, "response_format": None,
                                "functions": None, "function_call": None,
-                               "reasoning_effort": None, "service_level": None, "store": False,
+                               "reasoning_effort": None, "service_tier": None, "store": False,
                                "metadata": None, "modalities": None, "audio": None,
                                "prediction": None, "web_search_options": None}
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -481,8 +481,6 @@ def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
                             f"{m.get('role')!r}", f"{f}.role")
         messages.append({"role": m["role"], "content": _chat_content(m.get("content"),
                                                                      f"{f}.content")})
-    if n > MAX_CHOICES:
-        raise HTTPError(f"n: at most {MAX_CHOICES}", "n")
     want = False if body.get("logprobs") is None else _bool(body["logprobs"], "logprobs")
     top = 0 if body.get("top_logprobs") is None else \
         _int(body["top_logprobs"], "top_logprobs", lo=0)
