@@ -48,6 +48,11 @@ def test_tok_s_vs_itl_at_c1_only() -> None:
     assert sanity_flags([ok]) == []
     assert sanity_flags([dict(bad, concurrency=4)]) == []  # only checked at c=1
     assert sanity_flags([dict(bad, spec_share=0.5)]) == []  # mixed steps: no single ITL
+    # with TTFT and tokens per request: 64 / (60 + 63 × 23.18 / 4.56) ms = 168 tok/s
+    spec = {"arm": "eagle3", "concurrency": 1, "tok_s": 152.4, "itl_p50_ms": 23.18, "tau": 4.56,
+            "spec_share": 0.99, "ttft_p50_ms": 60.0, "tokens": 512, "requests": 8}
+    assert sanity_flags([spec]) == []
+    assert _codes(sanity_flags([dict(spec, tok_s=120.0)])) == ["tok_s_vs_itl"]
 
 
 def test_never_vs_baseline_uses_mean_over_repeats() -> None:
