@@ -29,6 +29,7 @@ within a compiled engine and is tested on this path (tests/engine/test_compiled.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from workbench.models.llama import rolled_rope_tables
+from workbench.models.llama import onednn_linear, onednn_linear_add, rolled_rope_tables
 
 BUDGET_S = float(os.environ.get("WORKBENCH_COMPILE_BUDGET_S", "300"))
 MARGIN = 0.03  # compiled must beat eager by this much to be kept under "auto"
@@ -122,18 +123,83 @@ class CompiledSteps:
 
     def close(self) -> None:
         _BACKENDS.pop(self.key, None)
+        _PACKED.pop(self.key, None)
+
+
+# key → the packed (oneDNN) weights and biases a compiled graph's GEMM ops read, by index
+_PACKED: dict[int, list[tuple[torch.Tensor, torch.Tensor | None, int]]] = {}
+
+
+@torch.library.custom_op("workbench::packed_linear", mutates_args=())
+def packed_linear(key: int, idx: int, x: torch.Tensor) -> torch.Tensor:
+    """``onednn_linear`` on packed weight ``idx`` of engine ``key`` (opaque to Dynamo: packed
+    tensors cannot be traced, so the graph keeps oneDNN's GEMM and fuses what is around it)."""
+    w, b, _ = _PACKED[key][idx]
+    return onednn_linear(x, w, b).clone()
+
+
+@packed_linear.register_fake
+def _packed_linear_fake(key: int, idx: int, x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], _PACKED[key][idx][2])
+
+
+@torch.library.custom_op("workbench::packed_linear_add", mutates_args=())
+def packed_linear_add(key: int, idx: int, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
+    """``res + x·wᵀ`` with oneDNN's fused post-op add, on packed weight ``idx``."""
+    w, _, _ = _PACKED[key][idx]
+    return onednn_linear_add(x, w, res).clone()
+
+
+@packed_linear_add.register_fake
+def _packed_linear_add_fake(key: int, idx: int, x: torch.Tensor,
+                            res: torch.Tensor) -> torch.Tensor:
+    return res.new_empty(res.shape)
+
+
+def _packed_layers(target: Any, key: int) -> tuple[list[Any], tuple[Any, Any]]:
+    """The target's layers with every packed weight replaced by its index in ``_PACKED[key]``,
+    and the (linear, linear_add) pair that calls the custom ops on them."""
+    table: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+    layers = []
+
+    def put(w: torch.Tensor, b: torch.Tensor | None, out: int) -> int:
+        table.append((w, b, out))
+        return len(table) - 1
+
+    for f, layer in zip(target._fast, target.model.layers, strict=True):
+        a, mlp = layer.self_attn, layer.mlp
+        layers.append(dataclasses.replace(
+            f, qkv=put(f.qkv, f.qkv_bias, a.fused[0].shape[0]),
+            o=put(f.o, None, a.o_proj.weight.shape[0]),
+            gate_up=put(f.gate_up, f.gate_up_bias, mlp.fused[0].shape[0]),
+            down=put(f.down, f.down_bias, mlp.down_proj.weight.shape[0])))
+    _PACKED[key] = table
+
+    def lin(x: torch.Tensor, w: Any, b: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.workbench.packed_linear(key, w, x)  # b: read from the table
+
+    def lin_add(x: torch.Tensor, w: Any, res: torch.Tensor) -> torch.Tensor:
+        return torch.ops.workbench.packed_linear_add(key, w, x, res)
+
+    return layers, (lin, lin_add)
 
 
 def _make_fn(engine: Any, key: int) -> Callable[..., Any]:
+    """The compiled one-row forward: on oneDNN-packed weights the GEMMs are opaque custom ops
+    (oneDNN's kernels, as eager) and Inductor fuses the norms, RoPE and SiLU·up around them; on
+    dense weights Inductor traces everything (and picks its own GEMM kernels)."""
     target, aux = engine.target, tuple(engine.aux_layers)
     attn = _OpAttention(key)
-    fast = target.dense_layers()  # traceable views (oneDNN-packed weights are opaque)
     compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
+    if target.gemm == "onednn":
+        fast, ops = _packed_layers(target, key)
+    else:
+        fast, ops = target.dense_layers(), None
 
     def fn(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
         x = target.model.embed_tokens(tokens)
         cos, sin = rolled_rope_tables(*target.model.rotary_emb.cos_sin(positions, x.dtype))
-        return compiled(x, cos, sin, attn, aux, fast, "dense")
+        return compiled(x, cos, sin, attn, aux, fast, "dense", ops)
 
     return fn
 

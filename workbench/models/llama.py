@@ -419,12 +419,14 @@ class LlamaForCausalLM(nn.Module):
     def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                        attn: AttentionBackend, aux_layers: Sequence[int] = (),
                        fast: Sequence[FastLayer] | None = None, gemm: str | None = None,
+                       ops: tuple[Linear, LinearAdd] | None = None,
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`forward` after the embedding and RoPE tables (``rolled_rope_tables``): the
         decoder layers and the final norm. Shape-static given x (T, D), which is what a
         compiled step (``workbench.engine.compiled``) traces — with ``fast``/``gemm`` set to
-        dense views (:meth:`dense_layers`), since oneDNN-packed weights cannot be traced."""
-        lin, lin_add = gemm_ops(gemm or self.gemm)
+        dense views (:meth:`dense_layers`), or with ``ops`` (linear, linear_add) calling
+        opaque custom ops on the packed weights, since those cannot be traced."""
+        lin, lin_add = ops if ops is not None else gemm_ops(gemm or self.gemm)
         m, eps = self.model, self.config.rms_norm_eps
         d = (x.shape[-1],)
         taps: dict[int, torch.Tensor] = {}
