@@ -42,21 +42,24 @@ $(SGLANG_STAMP): $(STAMP)
 sglang-ref: $(SGLANG_STAMP)
 
 # SGLang's own benchmark client (python -m sglang.bench_serving), which
-# tests/serve/test_sglang_bench_client.py runs against `workbench serve`, lives in its own cached
-# venv: its benchmark module imports torchvision, and no PyPI torchvision loads against the
-# project's CPU torch (tests/serve/sglang_client_requirements.txt says why). Built once (about
-# 6 GB), reused while the requirements file is unchanged; `rm -rf .cache` to drop it.
-SGLANG_CLIENT_VENV := .cache/sglang-client-venv
+# tests/serve/test_sglang_bench_client.py runs against `workbench serve`, lives in its own venv:
+# its benchmark module imports torchvision, and no PyPI torchvision loads against the project's
+# CPU torch (tests/serve/sglang_client_requirements.txt says why). Built once per machine (about
+# 7 min, 6.3 GB) under the user cache, so every clone on the machine (CI's too) reuses it while
+# the requirements file is unchanged; `rm -rf ~/.cache/workbench/sglang-client-venv` drops it.
+SGLANG_CLIENT_VENV ?= $(HOME)/.cache/workbench/sglang-client-venv
 SGLANG_CLIENT_REQS := tests/serve/sglang_client_requirements.txt
 SGLANG_CLIENT_STAMP := $(SGLANG_CLIENT_VENV)/.installed-$(shell cat $(SGLANG_CLIENT_REQS) | cksum | cut -d' ' -f1)
+SGLANG_CLIENT_PY := $(SGLANG_CLIENT_VENV)/bin/python
 
 $(SGLANG_CLIENT_STAMP): $(SGLANG_CLIENT_REQS)
 	rm -rf $(SGLANG_CLIENT_VENV)
+	mkdir -p $(dir $(SGLANG_CLIENT_VENV))
 	$(PY) -m venv $(SGLANG_CLIENT_VENV)
-	$(SGLANG_CLIENT_VENV)/bin/pip install -q --upgrade pip
-	$(SGLANG_CLIENT_VENV)/bin/pip install -q -r $(SGLANG_CLIENT_REQS)
-	$(SGLANG_CLIENT_VENV)/bin/pip install -q --no-deps $(SGLANG_REF)
-	$(SGLANG_CLIENT_VENV)/bin/python -W ignore -c "import sglang.bench_serving"
+	$(SGLANG_CLIENT_PY) -m pip install -q --upgrade pip
+	$(SGLANG_CLIENT_PY) -m pip install -q -r $(SGLANG_CLIENT_REQS)
+	$(SGLANG_CLIENT_PY) -m pip install -q --no-deps $(SGLANG_REF)
+	$(SGLANG_CLIENT_PY) -W ignore -c "import sglang.bench_serving"
 	touch $@
 
 sglang-client: $(SGLANG_CLIENT_STAMP)
@@ -75,7 +78,7 @@ browser:
 
 test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_CLIENT_STAMP) browser
 	$(BIN)/ruff check workbench tests scripts
-	WORKBENCH_SGLANG_CLIENT=$(abspath $(SGLANG_CLIENT_VENV))/bin/python \
+	WORKBENCH_SGLANG_CLIENT=$(SGLANG_CLIENT_PY) \
 	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \
 		--durations=15 tests
 	$(MAKE) test-notebooks
