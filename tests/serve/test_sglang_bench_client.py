@@ -2,7 +2,7 @@
 
 ``python -m sglang.bench_serving`` (sglang 0.5.23 from PyPI) runs from its own venv, built by
 ``make sglang-client`` (``make test`` builds it and names it in WORKBENCH_SGLANG_CLIENT; run
-alone, the test uses .cache/sglang-client-venv if it exists and skips otherwise). Offline:
+alone, the test uses ~/.cache/workbench/sglang-client-venv if it exists and skips otherwise). Offline:
 random token ids, the shipped tokenizer, HF_HUB_OFFLINE=1. Every request must succeed and the
 accept length it reports must equal the server's. The workbench's own ``bench --url`` client
 reads the same fields: its exact per-round accept lengths must add up to the server's counters.
@@ -34,7 +34,7 @@ def _client_python() -> Path:
         if not Path(env).is_file():
             pytest.fail(f"WORKBENCH_SGLANG_CLIENT={env} does not exist (make sglang-client)")
         return Path(env)
-    local = ROOT / ".cache" / "sglang-client-venv" / "bin" / "python"
+    local = Path.home() / ".cache" / "workbench" / "sglang-client-venv" / "bin" / "python"
     if not local.is_file():
         pytest.skip("SGLang's client venv is not built: run `make sglang-client` (make test "
                     "builds it)")
