@@ -231,17 +231,17 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
                                    "baseline_tok_s": bl}))
     # 4. speedup above tau, for rows that speculated
     for r in table:
-        speed = _num(r, "speedup")
+        speed: float | None = _num(r, "speedup")
         if speed is None:
             speed = _num(r, "vs_baseline")
-        tau, share = _num(r, "tau"), _num(r, "spec_share")
-        if speed is None or tau is None or (share is not None and share <= 0.0):
+        accept, share = _num(r, "tau"), _num(r, "spec_share")
+        if speed is None or accept is None or (share is not None and share <= 0.0):
             continue
-        if r.get("arm") in ("baseline", "never") or tau <= 1.0 and share is None:
+        if r.get("arm") in ("baseline", "never") or accept <= 1.0 and share is None:
             continue
-        if speed > tau:
+        if speed > accept:
             flags.append(Flag(SPEEDUP_ABOVE_TAU, f"{r.get('arm', 'row')}"
-                              f"{_at(r)}: speedup {speed:.2f}× > τ {tau:.2f} (impossible "
+                              f"{_at(r)}: speedup {speed:.2f}× > τ {accept:.2f} (impossible "
                               "without noise)", r))
     return flags
 

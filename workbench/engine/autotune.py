@@ -139,7 +139,8 @@ def write_cache(path: Path | None, key: str, choices: Mapping[str, Choice]) -> N
     if path is None:
         return
     entries = read_cache(path)
-    entry = entries.get(key) if isinstance(entries.get(key), dict) else {}
+    old = entries.get(key)
+    entry: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
     entry.update({n: c.to_dict() for n, c in choices.items() if c.source == "measured"})
     entries[key] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
