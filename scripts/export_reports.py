@@ -132,7 +132,7 @@ document.addEventListener('DOMContentLoaded', function () {
 """
 
 NBVAL_LINE = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.MULTILINE)
-SANITY_BLOCK = re.compile(r'class="wb-sanity" data-flags="(\d+)"')
+SANITY_BLOCK = re.compile(r'class="wb-sanity"[^>]*?data-flags="(\d+)"')
 ESM_PREFIX = "wb-esm:"
 # anywidget's loader, patched so that "wb-esm:<key>" reads the module text that
 # vendor/anywidget-esm.js put into window.WB_ESM (a classic script: works from file://).
@@ -437,15 +437,20 @@ def write_index(out: Path, pages: list[dict[str, Any]], widgets: dict[str, Any])
         lb, la = p.get("load_before"), p.get("load_after")
         load = f"{lb[0]:.2f} → {la[0]:.2f}" if lb and la else "n/a"
         san = p.get("sanity", {}).get("status", "n/a")
+        blocks = p.get("sanity", {}).get("blocks", 0)
         bad = p.get("error") or p.get("sanity", {}).get("flags")
+        color = "#8a4b00" if bad else ("#1b5e20" if blocks else "#666666")
+        hot = any(x is not None and x[0] > p.get("cores", 1) for x in (lb, la))
         rows.append(
             f"<tr><td><a href=\"{H.escape(p['html'])}\">{H.escape(p['html'])}</a><br>"
             f"<small>{H.escape(p.get('title', ''))}</small></td>"
             f"<td>{H.escape(p.get('date', ''))}</td><td><code>{H.escape(str(p.get('commit')))}"
-            f"</code></td><td>{H.escape(p.get('machine', ''))}</td><td>{load}</td>"
+            f"</code></td><td>{H.escape(p.get('machine', ''))}</td>"
+            f"<td style='color:{'#8a4b00' if hot else '#222222'}'>{load}"
+            f"{'<br>loaded' if hot else ''}</td>"
             f"<td>{p['seconds']:.0f} s{' (FAST)' if p.get('fast') else ''}</td>"
             f"<td>{p.get('plotly_figures', 0)} / {p.get('widget_views', 0)}</td>"
-            f"<td style=\"color:{'#8a4b00' if bad else '#1b5e20'}\">{H.escape(san)}"
+            f"<td style=\"color:{color}\">{H.escape(san)}"
             f"{'<br>FAILED: ' + H.escape(p['error']) if p.get('error') else ''}</td></tr>")
     total = sum(p["seconds"] for p in pages)
     body = f"""<!DOCTYPE html>

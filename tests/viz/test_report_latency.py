@@ -23,6 +23,9 @@ def test_sanity_html_counts_flags_for_the_exporter() -> None:
     assert re.search(r'class="wb-sanity" data-flags="2" data-codes="loaded,speedup_above_tau"',
                      html)
     assert "load 5.1 before the run" in html and "&lt;b&gt;" in html  # messages escaped
+    many = sanity_html([Flag("loaded", f"row {i}") for i in range(10)], "x")
+    assert "<code>loaded</code> ×10" in many and "row 2" in many and "row 3" not in many
+    assert "and 7 more" in many and 'data-flags="10"' in many
 
 
 def test_highlight_flagged_paints_flagged_rows() -> None:

@@ -554,10 +554,11 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
                    color="#333333")
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["speedup"], name="speedup",
                          marker_color=colors, text=[f"{v:.2f}×" for v in summary["speedup"]],
-                         textposition="outside", error_y=err, showlegend=False,
+                         textposition="inside", insidetextanchor="end", error_y=err,
+                         showlegend=False,
                          hovertemplate="%{x}: %{y:.3f}×<extra></extra>"), row=1, col=1)
     fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"), row=1, col=1,
-                  annotation_text="baseline 1.0×", annotation_position="top left")
+                  annotation_text="1.0× = baseline", annotation_position="top right")
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["tau"], name="τ", marker_color=TARGET,
                          text=[f"{v:.2f}" for v in summary["tau"]], textposition="outside",
                          showlegend=False, hovertemplate="%{x}: τ %{y:.2f}<extra></extra>"),
@@ -595,8 +596,9 @@ def shape_speedups(df: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT) -
     fig.update_yaxes(title="plain steps per verify", range=[0, float(df["verify_ratio"].max())
                                                              * 1.2], row=1, col=2)
     fig.update_xaxes(title="target shape (layers × width)")
-    return _layout(fig, "Speedup at a fixed accept length, by target shape", width, height,
-                   legend=dict(orientation="h", y=-0.25, x=0))
+    return _layout(fig, "Speedup at a fixed accept length, by target shape", width,
+                   height + 60, legend=dict(orientation="h", y=-0.45, x=0),
+                   margin=dict(l=60, r=30, t=60, b=140))
 
 
 # Columns ``concurrency_curves`` reads. Latencies may be in ms (``*_ms``, preferred: the
@@ -701,8 +703,9 @@ def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline",
         err = None
         if {"tok_s_lo", "tok_s_hi"} <= set(g.columns):
             err = dict(type="data", symmetric=False, array=(g["tok_s_hi"] - g["tok_s"]).tolist(),
-                       arrayminus=(g["tok_s"] - g["tok_s_lo"]).tolist(), color=st["color"],
-                       thickness=1.2, width=4)
+                       # a throughput interval ends at 0 tok/s
+                       arrayminus=np.minimum(g["tok_s"] - g["tok_s_lo"], g["tok_s"]).tolist(),
+                       color=st["color"], thickness=1.2, width=4)
         fig.add_trace(go.Scatter(x=g["concurrency"], y=g["tok_s"], mode="lines+markers",
                                  name=str(arm), legendgroup=str(arm), line=line, error_y=err,
                                  hovertemplate="c=%{x}: %{y:.0f} tok/s<extra>" +
@@ -737,8 +740,8 @@ def concurrency_curves(df: pd.DataFrame, baseline: str = "baseline",
                                bgcolor="rgba(255,255,255,0.85)",
                                font=dict(color=arm_style(arm)["color"], size=11))
     fig.update_yaxes(title="tok/s", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title="ms (log)", type="log", row=1, col=2)
-    fig.update_yaxes(title="ms (log)", type="log", row=1, col=3)
+    fig.update_yaxes(title="ms (log)", type="log", dtick="D2", row=1, col=2)
+    fig.update_yaxes(title="ms (log)", type="log", dtick="D2", row=1, col=3)
     return _layout(fig, "Throughput and latency vs concurrency", width, height,
                    legend=dict(orientation="h", y=-0.22, x=0), margin=dict(l=60, r=20, t=70,
                                                                            b=100))
@@ -783,36 +786,46 @@ def speedup_vs_batch(df: pd.DataFrame, value: str = "vs_baseline", baseline: str
                         "marker = sanity flag)", width, height)
 
 
-def latency_cdf(samples: pd.DataFrame, metric: str, by: str = "arm", log_x: bool = True,
-                width: int = WIDTH, height: int = 400) -> go.Figure:
+def latency_cdf(samples: pd.DataFrame, metric: str, by: str = "arm",
+                dash_by: str | None = None, log_x: bool = True, width: int = WIDTH,
+                height: int = 400) -> go.Figure:
     """Empirical CDF of one latency ``metric`` (a column in ms, e.g. ``ttft_ms``) from a table
-    of samples (one row per token gap or request), one line per group of ``by``; p50 and p99
-    of each group in its legend entry and as markers. x is log scale by default (latencies span
-    decades between a plain step and a queued first token)."""
-    _require(samples, (by, metric), "latency_cdf")
+    of samples (one row per token gap or request), one line per group of ``by`` (coloured as
+    :func:`arm_style`) and, given ``dash_by`` (e.g. ``concurrency``), per value of it (one dash
+    each); p50 and p99 of each line in its legend entry and as × markers. x is log scale by
+    default (latencies span decades between a plain step and a queued first token)."""
+    _require(samples, (by, metric) + ((dash_by,) if dash_by else ()), "latency_cdf")
     fig = go.Figure()
-    groups = list(dict.fromkeys(samples[by]))
-    for i, key in enumerate(_arm_order(groups, "baseline")):
-        xs = np.sort(samples.loc[samples[by] == key, metric].dropna().to_numpy(dtype=float))
-        if not len(xs):
-            continue
+    groups = _arm_order(list(dict.fromkeys(samples[by])), "baseline")
+    dashes = list(dict.fromkeys(samples[dash_by])) if dash_by else [None]
+    styles = ("solid", "dash", "dot", "dashdot")
+    for i, key in enumerate(groups):
         st = arm_style(str(key), i)
-        ys = np.arange(1, len(xs) + 1) / len(xs)
-        p50, p99 = float(np.percentile(xs, 50)), float(np.percentile(xs, 99))
-        name = f"{key}: p50 {p50:.1f} · p99 {p99:.1f} ms"
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name, legendgroup=str(key),
-                                 line=dict(color=st["color"], width=st["width"],
-                                           dash=st["dash"], shape="hv"),
-                                 hovertemplate="%{x:.1f} ms: %{y:.1%}<extra>" +
-                                               html.escape(str(key)) + "</extra>"))
-        fig.add_trace(go.Scatter(x=[p50, p99], y=[0.5, 0.99], mode="markers",
-                                 name=f"{key} p50/p99", legendgroup=str(key), showlegend=False,
-                                 marker=dict(color=st["color"], size=9, symbol="x")))
-    fig.update_xaxes(title=f"{metric.removesuffix('_ms').upper()} (ms" +
-                     (", log)" if log_x else ")"), type="log" if log_x else "linear")
+        for j, dv in enumerate(dashes):
+            sel = samples[by] == key
+            if dash_by:
+                sel &= samples[dash_by] == dv
+            xs = np.sort(samples.loc[sel, metric].dropna().to_numpy(dtype=float))
+            if not len(xs):
+                continue
+            ys = np.arange(1, len(xs) + 1) / len(xs)
+            p50, p99 = float(np.percentile(xs, 50)), float(np.percentile(xs, 99))
+            label = f"{key}" + (f" · {dash_by}={dv}" if dash_by else "")
+            fig.add_trace(go.Scatter(
+                x=xs, y=ys, mode="lines", name=f"{label}: p50 {p50:.1f} · p99 {p99:.1f} ms",
+                legendgroup=label, line=dict(color=st["color"], width=2.5, shape="hv",
+                                             dash=styles[j % len(styles)]),
+                hovertemplate="%{x:.1f} ms: %{y:.1%}<extra>" + html.escape(label) +
+                              "</extra>"))
+            fig.add_trace(go.Scatter(x=[p50, p99], y=[0.5, 0.99], mode="markers",
+                                     name=f"{label} p50/p99", legendgroup=label,
+                                     showlegend=False,
+                                     marker=dict(color=st["color"], size=9, symbol="x")))
+    name = metric.removesuffix("_ms").upper()
+    fig.update_xaxes(title=f"{name} (ms" + (", log)" if log_x else ")"),
+                     type="log" if log_x else "linear")
     fig.update_yaxes(title="share of samples ≤ x", range=[0, 1.02], tickformat=".0%")
-    return _layout(fig, f"{metric.removesuffix('_ms').upper()} distribution (CDF; × = p50, p99)",
-                   width, height)
+    return _layout(fig, f"{name} distribution (CDF; × = p50, p99)", width, height)
 
 
 def accept_rate_by_position(verify_df: pd.DataFrame, by: str | None = None) -> pd.DataFrame:

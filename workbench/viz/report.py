@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from workbench.bench.sanity import Flag
 
 SANITY_CLASS = "wb-sanity"
+MAX_MESSAGES = 3  # messages shown per flag code
 
 
 def sanity_html(flags: Sequence[Flag], what: str) -> str:
@@ -30,8 +31,13 @@ def sanity_html(flags: Sequence[Flag], what: str) -> str:
                 "<code>workbench.bench.sanity</code> passed.")
         color, bg = "#1b5e20", "#e8f5e9"
     else:
-        items = "".join(f"<li><code>{html.escape(f.code)}</code>: {html.escape(f.message)}</li>"
-                        for f in flags)
+        # grouped by code, a few messages each: 80 "loaded" rows would bury the rest
+        items = ""
+        for code in codes:
+            msgs = [f.message for f in flags if f.code == code]
+            shown = "; ".join(html.escape(m) for m in msgs[:MAX_MESSAGES])
+            more = f" … and {len(msgs) - MAX_MESSAGES} more" if len(msgs) > MAX_MESSAGES else ""
+            items += f"<li><code>{html.escape(code)}</code> ×{len(msgs)}: {shown}{more}</li>"
         body = (f"<b>⚠ sanity: {n} flag{'s' if n != 1 else ''}</b> — {html.escape(what)}: "
                 "treat the flagged numbers as noise, not as findings (rerun on an idle "
                 f"machine).<ul style='margin:4px 0 0 0'>{items}</ul>")
