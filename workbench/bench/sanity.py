@@ -293,14 +293,24 @@ def report(flags: Sequence[Flag], load: Mapping[str, Any] | None,
             "flags": [f.to_dict() for f in flags], "flagged": bool(flags)}
 
 
-def print_flags(flags: Sequence[Flag]) -> None:
-    """Print the flags (or that the run looks clean) under a result table."""
+def print_flags(flags: Sequence[Flag], limit: int = 12) -> None:
+    """Print the flags (or that the run looks clean) under a result table: run-wide ones and
+    row flags other than per-row load first, at most ``limit``, then counts of the rest."""
     if not flags:
         print("\nsanity: clean (load ≤ cores, numbers self-consistent)")
         return
     print(f"\nsanity: {len(flags)} flag(s) — figures from this run are marked in the table")
-    for f in flags:
+    shown = [f for f in flags if f.row is None or f.code != LOADED][:limit]
+    for f in shown:
         print(f"  [{f.code}] {f.message}")
+    rest = len(flags) - len(shown)
+    if rest:
+        counts: dict[str, int] = {}
+        for f in flags:
+            if f not in shown:
+                counts[f.code] = counts.get(f.code, 0) + 1
+        print("  ... and " + ", ".join(f"{n} more [{c}]" for c, n in counts.items())
+              + " (all in the saved JSON)")
 
 
 # ---------------------------------------------------------------------- confidence intervals
