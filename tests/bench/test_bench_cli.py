@@ -47,3 +47,23 @@ def test_engine_flag_errors_name_the_field(micro_target: Path, tmp_path: Path) -
     assert main(argv) == 1
     argv[-1] = "nonsense=1"
     assert main(argv) == 1
+
+
+def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """P1's bound next to the speedup: verify_ratio and bound = τ / verify_ratio per arm."""
+    import workbench as wb
+    from workbench.bench.spec import run_spec_bench
+    from workbench.models.synthetic import write_random_head
+
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    head = write_random_head(micro_target, tmp_path / "head", draft_vocab=100)
+    arms = {"baseline": None, "tree": wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)}
+    with wb.Engine(micro_target, draft=head) as e:
+        res = run_spec_bench(e, [[5, 6, 7, 8], [9, 10, 11]], arms=arms, max_new_tokens=8,
+                             progress=False, bound=True)
+    s = res.summary.set_index("arm")
+    assert s.loc["tree", "verify_ratio"] > 0
+    assert s.loc["tree", "bound"] == pytest.approx(s.loc["tree", "tau"] /
+                                                   s.loc["tree", "verify_ratio"])
+    assert pd.isna(s.loc["baseline", "bound"])

@@ -208,7 +208,7 @@ def bench_spec(ns: argparse.Namespace) -> int:
         arms: dict[str, SpecConfig | None] | None = \
             None if engine.draft is not None else {"baseline": None}
         res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=_max_new(ns),
-                             repeats=repeats)
+                             repeats=repeats, bound=engine.draft is not None)
     finally:
         engine.close()
     flags = res.flags()

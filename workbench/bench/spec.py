@@ -60,14 +60,17 @@ class SpecBenchResult:
 def run_spec_bench(engine: Any, prompts: list[str],
                    arms: dict[str, SpecConfig | None] | None = None,
                    max_new_tokens: int = 128, warmup: int = 1,
-                   progress: bool = True, repeats: int = 1) -> SpecBenchResult:
+                   progress: bool = True, repeats: int = 1,
+                   bound: bool = False) -> SpecBenchResult:
     """bs=1 greedy. Rows: one per (repeat, prompt, arm) with tokens, seconds, tok/s, τ,
     lossless; arms interleaved per prompt (they share the machine's noise).
 
     Summary per arm: summed tokens / seconds → ``tok_s``, ``speedup`` over baseline, τ, and
     with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
     over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
-    and after is in ``machine["load"]``."""
+    and after is in ``machine["load"]``. With ``bound``, a traced pass over two prompts adds
+    ``verify_ratio`` (median verify ms / median plain step ms) and ``bound`` = τ / verify_ratio:
+    the speedup if drafting, accepting and committing were free."""
     from workbench.bench.sanity import LoadSampler, mean_ci
 
     if repeats < 1:
@@ -110,6 +113,34 @@ def run_spec_bench(engine: Any, prompts: list[str],
                 ratio = (ts / per.loc["baseline", "tok_s"]).tolist()
                 _, lo, hi = mean_ci(ratio)
                 g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
+    if bound:
+        for name, ratio in _verify_ratios(engine, prompts[:2], arms, sp).items():
+            g.loc[name, "verify_ratio"] = ratio
+            g.loc[name, "bound"] = g.loc[name, "tau"] / ratio
     machine = machine_info()
     machine["load"] = load.as_dict()
     return SpecBenchResult(df, g.reset_index(), machine)
+
+
+def _verify_ratios(engine: Any, prompts: list[str], arms: dict[str, SpecConfig | None],
+                   sp: SamplingParams) -> dict[str, float]:
+    """Per speculative arm: median verify ms / median plain-step ms, from a separate traced
+    pass (tracing costs time of its own, so it is not the timed one)."""
+    import workbench as wb
+
+    out: dict[str, float] = {}
+    with wb.trace(engine, events=["StepTiming"]) as tr:
+        for p in prompts:
+            engine.generate([p], sp)
+    timing = tr.frame("timing")
+    plain = timing[timing["mode"] == "plain"]["total_ms"].median()
+    for name, spec in arms.items():
+        if spec is None:
+            continue
+        with wb.trace(engine, events=["StepTiming"]) as tr:
+            for p in prompts:
+                engine.generate([p], sp, spec=spec)
+        t = tr.frame("timing")
+        verify = t[t["mode"] == "spec"]["verify_ms"].median()
+        out[name] = float(verify / plain)
+    return out
