@@ -3,8 +3,8 @@
 ``python -m sglang.bench_serving`` (sglang 0.5.23 from PyPI) runs from its own venv, built by
 ``make sglang-client`` (``make test`` builds it and names it in WORKBENCH_SGLANG_CLIENT; run
 alone, the test uses ~/.cache/workbench/sglang-client-venv if it exists and skips otherwise).
-Offline: random token ids, the shipped tokenizer, HF_HUB_OFFLINE=1. Every request must succeed and the
-accept length it reports must equal the server's. The workbench's own ``bench --url`` client
+Offline: random token ids, the shipped tokenizer, HF_HUB_OFFLINE=1. Every request must succeed
+and the accept length it reports must equal the server's. The workbench's own ``bench --url`` client
 reads the same fields: its exact per-round accept lengths must add up to the server's counters.
 """
 
