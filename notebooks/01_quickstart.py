@@ -21,7 +21,7 @@
 import os
 
 FAST = os.environ.get("WORKBENCH_FAST") == "1"  # CI: micro models and short runs
-MAX_NEW_TOKENS = 32 if FAST else 128
+MAX_NEW_TOKENS = 32 if FAST else 64
 
 # %% [markdown]
 # ## Models and engine

@@ -19,7 +19,7 @@
 import os
 
 FAST = os.environ.get("WORKBENCH_FAST") == "1"
-MAX_NEW_TOKENS = 24 if FAST else 48
+MAX_NEW_TOKENS = 24 if FAST else 32
 GRID_S = (2, 4) if FAST else (2, 4, 6)
 GRID_K = (1, 2, 4) if FAST else (1, 2, 4)
 GRID_N = (4, 8) if FAST else (4, 8, 16)
