@@ -77,9 +77,9 @@ def tensor_bytes(objects: list[object] | None = None) -> int:
         if issubclass(type(o), torch.Tensor):  # type(): never touch a lazy module's __class__
             try:
                 st = cast(torch.Tensor, o).untyped_storage()
-            except RuntimeError:  # meta / sparse / functional tensors own no countable storage
-                continue
-            key = st.data_ptr()
+                key = st.data_ptr()
+            except RuntimeError:  # meta / sparse / functional / fake tensors (a torch.compile
+                continue  # trace still alive) own no countable storage
             if key and key not in seen:
                 seen.add(key)
                 total += st.nbytes()
