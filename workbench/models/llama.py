@@ -79,6 +79,7 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
+        self._sin_signed = torch.empty(0)  # sin with its first half negated (apply_rope_rolled)
 
     def table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cos.shape[0] < n or self._cos.dtype != dtype:
@@ -87,11 +88,26 @@ class Rotary(nn.Module):
             freqs = torch.outer(t, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)
             self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            half = self._sin.shape[-1] // 2
+            self._sin_signed = torch.cat((-self._sin[:, :half], self._sin[:, half:]), dim=-1)
         return self._cos, self._sin
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         cos, sin = self.table(int(positions.max()) + 1 if positions.numel() else 1, dtype)
         return cos[positions], sin[positions]
+
+    def rolled(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """``rolled_rope_tables(*cos_sin(positions, dtype))`` as two row gathers from cached
+        tables (the signed sin is built with the table): the same values (negation is exact),
+        6 ops instead of ~12 — 24 vs ~10 µs per forward on the 2-core EPYC, paid once per
+        target forward and once per draft step. A ``cos_sin`` shadowing the method on the
+        instance (``engine.cuda_graphs.static_rotary``: fixed, sync-free tables) is honoured."""
+        if "cos_sin" in vars(self):
+            return rolled_rope_tables(*self.cos_sin(positions, dtype))
+        self.table(int(positions.max()) + 1 if positions.numel() else 1, dtype)
+        idx = positions.to(self._cos.device)  # as advanced indexing does (no-op when there)
+        return (self._cos.index_select(0, idx).unsqueeze(-2),
+                self._sin_signed.index_select(0, idx).unsqueeze(-2))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -412,8 +428,8 @@ class LlamaForCausalLM(nn.Module):
         is a large share of a decode step, so every op counts here. GEMMs per ``self.gemm``."""
         if self._fast is None:
             self.fuse()
-        x = self.model.embed_tokens(tokens)
-        cos, sin = rolled_rope_tables(*self.model.rotary_emb.cos_sin(positions, x.dtype))
+        x = F.embedding(tokens, self.model.embed_tokens.weight)  # the module's op, no __call__
+        cos, sin = self.model.rotary_emb.rolled(positions, x.dtype)
         return self.layers_forward(x, cos, sin, attn, aux_layers)
 
     def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
