@@ -71,7 +71,7 @@ function wbMissing(what) {
     d.setAttribute('style', 'font:13px sans-serif;color:#8a4b00;background:#fff4e5;'
       + 'border-left:4px solid #8a4b00;padding:8px 12px;margin:4px 0');
     d.textContent = '\u26a0 ' + kind + ' not shown: ' + msg;
-    parent.appendChild(d);
+    parent.insertBefore(d, parent.firstChild);
   }
   function apply() {
     document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]')
