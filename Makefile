@@ -97,7 +97,7 @@ bench: $(STAMP)
 # vendor/ folder go to reports/ (open reports/index.html; copy the folder as a whole).
 REPORT_FLAGS := $(if $(filter 1,$(FAST)),--fast,)
 report: $(STAMP) browser
-	$(BIN)/python scripts/export_reports.py $(REPORT_FLAGS)
+	$(BIN)/python scripts/export_reports.py --timeout 1200 $(REPORT_FLAGS)
 	$(BIN)/python scripts/check_reports.py
 
 # Jupyter refuses to run as root without --allow-root (containers, CI): add it only then.
