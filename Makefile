@@ -27,7 +27,7 @@ endif
 venv: $(STAMP)
 
 # SGLang 0.5.23 as the tests' oracle: its own server-args parser and adaptive-speculation router
-# check every launch plan (tests/backends). --no-deps, because the wheel's own requirements pull a
+# check every launch plan (tests/remote). --no-deps, because the wheel's own requirements pull a
 # CUDA torch; the parser and router import only these light packages.
 SGLANG_REF := sglang==0.5.23
 SGLANG_LIGHT := orjson pybase64 pillow msgspec aiohttp pyzmq psutil requests packaging starlette \

@@ -32,7 +32,7 @@ MAX_NEW_TOKENS = 32 if FAST else 64
 # NBVAL_IGNORE_OUTPUT
 import workbench as wb
 from workbench.viz import figures as F
-from workbench.viz.demo_models import demo_models
+from workbench.train.demo_models import demo_models
 
 models = demo_models(fast=FAST)
 engine = wb.Engine.from_pretrained(models.target, draft=models.draft)

@@ -31,7 +31,7 @@ TEMPERATURES = (0.0, 1.0)
 # NBVAL_IGNORE_OUTPUT
 import workbench as wb
 from workbench.viz import figures as F
-from workbench.viz.demo_models import demo_models
+from workbench.train.demo_models import demo_models
 
 models = demo_models(fast=FAST)
 engine = wb.Engine.from_pretrained(models.target, draft=models.draft)
@@ -286,7 +286,7 @@ print(f"τ ranges {sweep.tau.min():.2f}–{sweep.tau.max():.2f}; speedup "
 # NBVAL_IGNORE_OUTPUT
 from workbench.bench.shapes import run_shapes
 from workbench.models.synthetic import TargetShape
-from workbench.viz.demo_models import REPO_ROOT
+from workbench.train.demo_models import REPO_ROOT
 
 small = {"4 × 128": TargetShape(4, 128, 256, heads=2, kv_heads=1, vocab=512),
          "16 × 128": TargetShape(16, 128, 256, heads=2, kv_heads=1, vocab=512)}

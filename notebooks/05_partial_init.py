@@ -36,7 +36,7 @@ FAST = os.environ.get("WORKBENCH_FAST") == "1"
 import workbench as wb
 from workbench.trace.tracer import RecordingTracer
 from workbench.viz import figures as F
-from workbench.viz.demo_models import demo_models
+from workbench.train.demo_models import demo_models
 
 models = demo_models(fast=FAST)
 print(models.describe())

@@ -41,12 +41,12 @@ BOX_URL = None  # e.g. "http://box:30000" to ask the real server
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from workbench.backends.figures import routing_figure
-from workbench.backends.launch import launch_plan, plan_from_threshold, threshold_from
-from workbench.backends.records import read_request_metrics
+from workbench.remote.figures import routing_figure
+from workbench.remote.launch import launch_plan, plan_from_threshold, threshold_from
+from workbench.remote.records import read_request_metrics
 
 try:
-    from workbench.backends.sglang import SGLangClient, sglang_accept_lengths
+    from workbench.remote.sglang import SGLangClient, sglang_accept_lengths
     from workbench.serve.server import start_server
     HAVE_SERVE = True
 except ImportError as e:  # the serve extra (fastapi, uvicorn, httpx) is missing
@@ -102,7 +102,7 @@ routing_figure(table, f"BatchThreshold({n}) on SGLang {SGLANG_VERSION}: steps pe
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from workbench.backends.adaptive import spec_decode_capture_sizes
+from workbench.remote.adaptive import spec_decode_capture_sizes
 
 pinned = launch_plan(BOX_TARGET, BOX_DRAFT, spec=wb.SpecConfig(5, 1, draft_state="warm",
                                                                policy=wb.BatchThreshold(9)),
@@ -135,7 +135,7 @@ print(old.notes[1])
 # %%
 # NBVAL_IGNORE_OUTPUT
 if HAVE_SERVE:
-    from workbench.viz.demo_models import demo_models
+    from workbench.train.demo_models import demo_models
 
     models = demo_models(fast=FAST)
     engine = wb.Engine.from_pretrained(models.target, draft=models.draft)

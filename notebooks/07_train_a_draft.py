@@ -30,7 +30,7 @@ from pathlib import Path
 import workbench as wb
 from workbench.train.eagle3 import DraftTrainConfig, train_draft
 from workbench.viz import figures as F
-from workbench.viz.demo_models import demo_models
+from workbench.train.demo_models import demo_models
 
 models = demo_models(fast=FAST)
 work = Path(tempfile.mkdtemp(prefix="wb-notebook-07-"))
@@ -108,7 +108,7 @@ taus = {name: sum(x.metrics.accept_length for x in o) / len(o) for name, o in ou
 for name, tau in taus.items():
     print(f"{name:22s} τ = {tau:.2f}")
 if models.kind == "micro":
-    from workbench.viz.demo_models import recipe
+    from workbench.train.demo_models import recipe
 
     demo_steps = recipe()["draft"].get("steps")
     print(f"the micro demo head trained {demo_steps} steps; this one {summary['steps']}")

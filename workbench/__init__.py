@@ -20,8 +20,8 @@ from workbench.errors import (
     RequestFailed,
     WorkbenchError,
 )
-from workbench.spec.costmodel import CostModel, calibrate
-from workbench.spec.policy import (
+from workbench.speculative.costmodel import CostModel, calibrate
+from workbench.speculative.policy import (
     Always,
     BatchThreshold,
     Decision,

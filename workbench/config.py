@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from workbench.errors import ConfigError, RequestError
 
 if TYPE_CHECKING:
-    from workbench.spec.policy import Policy
+    from workbench.speculative.policy import Policy
 
 
 @dataclass(frozen=True)
@@ -240,12 +240,13 @@ class SpecConfig:
             raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "
                               f"got {a}")
         if self.policy is None:
-            from workbench.spec.policy import Always
+            from workbench.speculative.policy import Always
 
             object.__setattr__(self, "policy", Always())
         elif not all(callable(getattr(self.policy, m, None)) for m in ("decide", "observe")):
-            raise ConfigError(f"SpecConfig.policy: expected a Policy (workbench.spec.policy: "
-                              f"Always(), Threshold(...), ...) or None, got {self.policy!r}")
+            raise ConfigError(f"SpecConfig.policy: expected a Policy (workbench.speculative."
+                              f"policy: Always(), Threshold(...), ...) or None, got "
+                              f"{self.policy!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"SpecConfig.extra: must be a dict, got {self.extra!r}")
 

@@ -34,7 +34,7 @@ PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [250, 3, 11], [8, 8, 9, 1, 2, 3, 4, 5, 6, 
 
 @pytest.fixture(scope="module")
 def head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from spec.conftest import write_random_head
+    from speculative.conftest import write_random_head
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("graph_head"))
 

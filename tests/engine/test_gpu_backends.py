@@ -302,7 +302,7 @@ def test_engine_on_flashinfer_stub_spec_equals_plain(micro_target: Path,
                                                      tmp_path: Path) -> None:
     """The engine's target and draft backends on the FlashInfer glue (stubbed kernels):
     chunked prefill, decode, draft extend and tree verify give the torch engine's tokens."""
-    from spec.conftest import write_random_head
+    from speculative.conftest import write_random_head
 
     from workbench.engine.flashinfer_backend import FlashInferAttention
 
@@ -444,7 +444,7 @@ def test_gpu_engine_flashinfer_greedy_spec_equals_plain(
     """The engine on CUDA (FlashInfer backend, decode graphs): greedy speculative decoding
     reproduces plain decoding (up to reduced-precision ties)."""
     pytest.importorskip("flashinfer")
-    from spec.conftest import write_random_head
+    from speculative.conftest import write_random_head
 
     head = write_random_head(hd128_target, tmp_path_factory.mktemp("hd128_head"))
     cfg = wb.EngineConfig(device="cuda", dtype="bfloat16", attention_backend="flashinfer",

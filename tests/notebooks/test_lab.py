@@ -43,7 +43,7 @@ def write_explorer_notebook(path: Path) -> None:
     nb.cells = [
         nbformat.v4.new_code_cell(
             "import workbench as wb\n"
-            "from workbench.viz.demo_models import demo_models\n"
+            "from workbench.train.demo_models import demo_models\n"
             "from workbench.viz.widgets import Explorer\n"
             "models = demo_models(fast=True)\n"
             "engine = wb.Engine.from_pretrained(models.target, draft=models.draft)"),

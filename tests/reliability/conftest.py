@@ -13,7 +13,7 @@ import workbench as wb
 
 @pytest.fixture(scope="session")
 def head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from spec.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
+    from speculative.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("reliability_head"))
 

@@ -1,7 +1,7 @@
 """Serving test kit: a live server on loopback around a micro engine (EAGLE-3 random head, spec
 on), solo greedy reference outputs from a second engine, SSE helpers.
 
-The fixtures are re-exported by tests/serve/conftest.py and tests/backends/conftest.py (each
+The fixtures are re-exported by tests/serve/conftest.py and tests/remote/conftest.py (each
 directory then gets its own session server); test modules import the helpers from here."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def sse_json(lines: Iterator[str]) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def serve_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from spec.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
+    from speculative.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("serve_head"))
 

@@ -398,8 +398,8 @@ def bench_http(ns: argparse.Namespace) -> int:
 
 
 def bench_threshold(ns: argparse.Namespace) -> int:
-    if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.backends.box)
-        from workbench.backends.box import sweep_threshold
+    if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.remote.box)
+        from workbench.remote.box import sweep_threshold
 
         sweep_threshold(ns.url, _prompts(ns), _levels(ns), _max_new(ns), ns.out)
         return 0
@@ -475,7 +475,7 @@ def bench_k0(ns: argparse.Namespace) -> int:
     with ``draft_state="warm"`` for comparison. Goal: ≤ 2 % at every level with the default."""
     from workbench.bench.concurrency import run_concurrency, summarize
     from workbench.config import SpecConfig
-    from workbench.spec.policy import BatchThreshold
+    from workbench.speculative.policy import BatchThreshold
 
     levels = _levels(ns)
     shape = _spec(ns)

@@ -41,7 +41,14 @@ from tqdm.auto import tqdm
 from workbench.bench.machine import loadavg, machine_info
 from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
-from workbench.spec.policy import Always, BatchThreshold, Decision, Never, PolicyContext, RandomFlip
+from workbench.speculative.policy import (
+    Always,
+    BatchThreshold,
+    Decision,
+    Never,
+    PolicyContext,
+    RandomFlip,
+)
 
 Prompt = str | Sequence[int]
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -73,8 +80,8 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
     RandomFlip pair. Without a draft model only the baseline."""
     if engine.draft is None:
         return {"baseline": None}
-    from workbench.spec.costmodel import calibrate
-    from workbench.spec.policy import Goodput
+    from workbench.speculative.costmodel import calibrate
+    from workbench.speculative.policy import Goodput
 
     spec = spec or SpecConfig()
     shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from workbench.backends.sglang import round_accept_lengths
 from workbench.errors import RequestFailed
+from workbench.remote.sglang import round_accept_lengths
 
 Mode = Literal["closed", "poisson"]
 Api = Literal["generate", "completions"]

@@ -32,9 +32,9 @@ from workbench.errors import ConfigError, EngineInitError, RequestError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Draft
 from workbench.models.llama import LlamaForCausalLM
-from workbench.spec.drafter import draft_tree
-from workbench.spec.policy import Decision, PolicyContext
-from workbench.spec.verify import greedy_verify, sample_verify, simulated_verify
+from workbench.speculative.drafter import draft_tree
+from workbench.speculative.policy import Decision, PolicyContext
+from workbench.speculative.verify import greedy_verify, sample_verify, simulated_verify
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 

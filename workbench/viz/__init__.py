@@ -1,5 +1,5 @@
-"""Visualization: trace DataFrames → plotly figures (``figures``), ipywidgets panels
-(``widgets``), and the models the notebooks run on (``demo_models``).
+"""Visualization: trace DataFrames → plotly figures (``figures``) and ipywidgets panels
+(``widgets``). The models the notebooks run on are built by :mod:`workbench.train.demo_models`.
 
 Import the submodules directly (``from workbench.viz import figures``): plotly and ipywidgets
 are only needed by the notebooks extra, so importing ``workbench`` never pulls them in.

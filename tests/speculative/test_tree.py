@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from workbench.spec.tree import build_tree, expand, finish_tree, select_frontier
+from workbench.speculative.tree import build_tree, expand, finish_tree, select_frontier
 
 ln = math.log
 

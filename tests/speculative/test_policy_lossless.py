@@ -15,8 +15,8 @@ from typing import Any, Literal
 import pytest
 
 import workbench as wb
-from workbench.spec.costmodel import CostModel, LinearCost
-from workbench.spec.policy import Goodput, RandomFlip, StepTable
+from workbench.speculative.costmodel import CostModel, LinearCost
+from workbench.speculative.policy import Goodput, RandomFlip, StepTable
 from workbench.trace import DraftExtended
 
 State = Literal["warm", "cold", "auto"]
@@ -177,7 +177,7 @@ class OffStretches:
         self.step = 0
 
     def decide(self, ctx: Any) -> Any:
-        from workbench.spec.policy import Decision
+        from workbench.speculative.policy import Decision
 
         self.step += 1
         if 4 <= self.step < 24 or 40 <= self.step < 70:

@@ -6,7 +6,7 @@ rule of :func:`workbench.bench.concurrency.find_threshold`: the crossover is the
 where the baseline's output tok/s >= EAGLE-3's, the suggested threshold the largest level below
 it (0: never speculate; no crossover: the highest level measured). It writes
 ``OUT/threshold.json`` (``{"threshold": {"crossover", "suggested_n"}, "rows": [...]}``), which
-:func:`workbench.backends.launch.plan_from_threshold` turns into the adaptive launch.
+:func:`workbench.remote.launch.plan_from_threshold` turns into the adaptive launch.
 """
 
 from __future__ import annotations
@@ -78,6 +78,6 @@ def sweep_threshold(url: str, prompts: Sequence[str], levels: Sequence[int],
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     (path / "threshold.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"results: {path / 'threshold.json'} → workbench.backends.launch."
+    print(f"results: {path / 'threshold.json'} → workbench.remote.launch."
           "plan_from_threshold(...)")
     return doc

@@ -12,7 +12,7 @@ SGLang 0.5.23's ``FileRequestMetricsExporter`` appends one JSON object per finis
 :func:`read_request_metrics` reads a file or a folder of them into a DataFrame whose first
 columns are the trace ``requests`` frame's (:data:`workbench.trace.frame.FRAME_COLUMNS`), so the
 request-level analyses of notebooks 01–04 run on a box run. ``accept_lengths`` and ``tau`` use
-SGLang's counting (:mod:`workbench.backends.sglang`: steps-0 rounds are accept length 1).
+SGLang's counting (:mod:`workbench.remote.sglang`: steps-0 rounds are accept length 1).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.backends.sglang import round_accept_lengths
 from workbench.errors import RequestFailed
+from workbench.remote.sglang import round_accept_lengths
 from workbench.trace.frame import FRAME_COLUMNS
 
 if TYPE_CHECKING:

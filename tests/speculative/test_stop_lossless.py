@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from spec.test_lossless import CONFIGS, prompts
+from speculative.test_lossless import CONFIGS, prompts
 
 import workbench as wb
 

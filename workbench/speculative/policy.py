@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from workbench.spec.costmodel import CostModel
+    from workbench.speculative.costmodel import CostModel
 
 Shape = tuple[int, int, int]  # (S draft steps, K top-k, N verified nodes incl. the root)
 
@@ -256,7 +256,7 @@ class Goodput:
     Expected rate of a candidate at decode batch B: τ·B / spec_step_ms(B, S, K, N), where
     τ = 1 + Σ_{d≤D} Π_{j≤d} a_j, D = min(S, N−1), and a_d is the online (EMA) estimate of
     P(accept depth d | depth d−1 accepted). Off: B / plain_step_ms(B). Times come from
-    ``cost_model`` (see ``workbench.spec.costmodel``), refreshed online from measured steps;
+    ``cost_model`` (see ``workbench.speculative.costmodel``), refreshed online from measured steps;
     with a cold draft plain steps are predicted without the draft extend (the one-off catch-up
     at switch-on is not charged: hysteresis keeps switches rare).
 

@@ -20,8 +20,8 @@ import pytest
 
 import workbench as wb
 from workbench.bench.concurrency import find_threshold, run_concurrency, summarize, switch_costs
-from workbench.spec.costmodel import CostModel, CostSample, LinearCost, calibrate
-from workbench.spec.policy import (
+from workbench.speculative.costmodel import CostModel, CostSample, LinearCost, calibrate
+from workbench.speculative.policy import (
     Always,
     BatchThreshold,
     Decision,

@@ -11,7 +11,7 @@ import pytest
 from sglang_records import SAMPLE_NAME, load_writer, meta_info, request_params, sample_run
 
 import workbench as wb
-from workbench.backends.records import EXTRA_COLUMNS, read_request_metrics, record_row
+from workbench.remote.records import EXTRA_COLUMNS, read_request_metrics, record_row
 from workbench.trace.frame import FRAME_COLUMNS
 
 SAMPLE = Path(__file__).parents[2] / "data" / "sglang" / SAMPLE_NAME

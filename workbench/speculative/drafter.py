@@ -13,7 +13,7 @@ import torch
 from workbench.core import DraftTree
 from workbench.engine.attention import TreeDraftAttention
 from workbench.models.eagle3 import Eagle3Draft
-from workbench.spec.tree import build_tree, expand, select_frontier
+from workbench.speculative.tree import build_tree, expand, select_frontier
 
 
 @torch.inference_mode()

@@ -24,7 +24,7 @@ SAMPLES = 2000
 
 @pytest.fixture(scope="module")
 def tiny_vocab_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from spec.conftest import write_random_head  # tests/ is on sys.path
+    from speculative.conftest import write_random_head  # tests/ is on sys.path
 
     folder = tmp_path_factory.mktemp("tiny_vocab")
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from plans import CATALOGUE, PRODUCED, make_plan
 
-from workbench.backends.adaptive import spec_decode_capture_sizes
-from workbench.backends.launch import LaunchPlan
+from workbench.remote.adaptive import spec_decode_capture_sizes
+from workbench.remote.launch import LaunchPlan
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("sglang") is None,

@@ -11,8 +11,8 @@ from plans import PRODUCED
 from serve.serving import TEXT_PROMPTS
 
 import workbench as wb
-from workbench.backends.box import split_urls, sweep_threshold, threshold_rule
-from workbench.backends.launch import plan_from_threshold
+from workbench.remote.box import split_urls, sweep_threshold, threshold_rule
+from workbench.remote.launch import plan_from_threshold
 
 
 def test_threshold_rule_is_find_thresholds() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import workbench as wb
-from workbench.backends.adaptive import spec_decode_capture_sizes
-from workbench.backends.launch import LaunchPlan, launch_plan
+from workbench.remote.adaptive import spec_decode_capture_sizes
+from workbench.remote.launch import LaunchPlan, launch_plan
 
 PRODUCED: list[LaunchPlan] = []
 

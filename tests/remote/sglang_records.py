@@ -11,7 +11,7 @@ follows ``TokenizerManager._handle_batch_output`` / ``_calculate_spec_decoding_m
 finished request (keys in the order SGLang adds them). Not reproduced: the request's
 normalisation (``GenerateReqInput.normalize_batch_and_parameters``).
 
-``python tests/backends/sglang_records.py DIR`` writes the sample run used by notebook 06
+``python tests/remote/sglang_records.py DIR`` writes the sample run used by notebook 06
 (``data/sglang/``): a BatchThreshold(8) box run of 40 requests, rounds above the threshold
 plain (steps-0 rounds: 0 correct drafts).
 """

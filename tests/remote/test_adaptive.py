@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench.backends.adaptive import (
+from workbench.remote.adaptive import (
     Tiers,
     has_adaptive_tiers,
     nearest_exact_thresholds,

@@ -1,4 +1,4 @@
-"""SGLang on the 8-GPU box: the launch (re-exported from :mod:`workbench.backends.launch`), a
+"""SGLang on the 8-GPU box: the launch (re-exported from :mod:`workbench.remote.launch`), a
 health wait, and an HTTP client that returns the engine's output shapes and emits the engine's
 trace events.
 
@@ -21,17 +21,17 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from workbench.backends.launch import (
+from workbench.config import SamplingParams, SpecConfig
+from workbench.core import RequestMetrics, RequestOutput
+from workbench.errors import ConfigError, RequestError, RequestFailed
+from workbench.remote.launch import (
     DEFAULT_SPEC,
     SIMULATE_ACC_LEN_ENV,
     LaunchPlan,
     launch_command,
     launch_plan,
 )
-from workbench.config import SamplingParams, SpecConfig
-from workbench.core import RequestMetrics, RequestOutput
-from workbench.errors import ConfigError, RequestError, RequestFailed
-from workbench.spec.policy import BatchThreshold, StepTable
+from workbench.speculative.policy import BatchThreshold, StepTable
 from workbench.trace import events as ev
 from workbench.trace.tracer import NULL_TRACER
 

@@ -12,7 +12,8 @@ from plans import make_plan
 from serve.serving import SPEC, TEXT_PROMPTS, greedy, id_prompts
 
 import workbench as wb
-from workbench.backends.sglang import (
+from workbench.core import RequestMetrics
+from workbench.remote.sglang import (
     DEFAULT_SPEC,
     SGLangClient,
     accept_lengths_from_histogram,
@@ -24,7 +25,6 @@ from workbench.backends.sglang import (
     sglang_sampling_params,
     wait_healthy,
 )
-from workbench.core import RequestMetrics
 from workbench.trace import events as ev
 from workbench.trace.tracer import NullTracer
 
@@ -118,7 +118,7 @@ def test_batch_threshold_refuses_trees() -> None:
 
 
 def test_threshold_padding_and_the_nearest_exact_threshold() -> None:
-    from workbench.backends.adaptive import spec_decode_capture_sizes
+    from workbench.remote.adaptive import spec_decode_capture_sizes
 
     spec = wb.SpecConfig(5, 1, policy=wb.BatchThreshold(9), **WARM)
     exact = make_plan("/m/target", "/m/draft", spec=spec)
@@ -186,7 +186,7 @@ def test_export_metrics_and_runtime_policies() -> None:
 
 
 def test_plan_from_threshold(tmp_path) -> None:
-    from workbench.backends.launch import plan_from_threshold, threshold_from
+    from workbench.remote.launch import plan_from_threshold, threshold_from
 
     (tmp_path / "threshold.json").write_text(json.dumps(
         {"threshold": {"crossover": 16, "suggested_n": 8}, "rows": []}))

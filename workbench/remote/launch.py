@@ -12,7 +12,7 @@ workbench                                   ``python -m sglang.launch_server``
 ``SpecConfig.topk`` (K)                     ``--speculative-eagle-topk K``
 ``SpecConfig.num_draft_tokens`` (N)         ``--speculative-num-draft-tokens N``
 ``BatchThreshold(n)`` / ``StepTable``       ``--speculative-adaptive --speculative-adaptive-config
-                                            FILE`` (tiers, :mod:`~workbench.backends.adaptive`)
+                                            FILE`` (tiers, :mod:`~workbench.remote.adaptive`)
 ``max_running_requests=``                   ``--max-running-requests M`` (set automatically when
                                             a tier lies above EAGLE-3's default of 48)
 ``export_metrics_dir=``                     ``--export-metrics-to-file
@@ -44,7 +44,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.backends.adaptive import (
+from workbench.config import SpecConfig
+from workbench.errors import ConfigError
+from workbench.remote.adaptive import (
     EAGLE3_DEFAULT_MAX_RUNNING,
     VERIFIED_VERSION,
     Tiers,
@@ -55,9 +57,7 @@ from workbench.backends.adaptive import (
     routing_rows,
     tiers_for_policy,
 )
-from workbench.config import SpecConfig
-from workbench.errors import ConfigError
-from workbench.spec.policy import Always, BatchThreshold, Never, StepTable
+from workbench.speculative.policy import Always, BatchThreshold, Never, StepTable
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from workbench.core import DraftTree
-from workbench.spec.drafter import draft_tree
+from workbench.speculative.drafter import draft_tree
 
 D2T = 1000  # target id = draft id + D2T
 MAX_DEPTH = 8

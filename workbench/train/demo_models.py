@@ -5,7 +5,7 @@ train. Until they exist — and always under ``WORKBENCH_FAST=1`` (CI) — :func
 a micro target (8 layers x 64, vocab 300, trained ~200 steps on a few standard-library files) and
 a micro EAGLE-3 head (trained ~80 steps with the training-time test) into a cache folder, once:
 
-    from workbench.viz.demo_models import demo_models
+    from workbench.train.demo_models import demo_models
     models = demo_models(fast=FAST)
     engine = wb.Engine.from_pretrained(models.target, draft=models.draft)
 

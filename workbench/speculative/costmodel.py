@@ -267,7 +267,7 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
     from tqdm.auto import tqdm
 
     from workbench.config import SamplingParams, SpecConfig
-    from workbench.spec.policy import Always, Never, check_shape
+    from workbench.speculative.policy import Always, Never, check_shape
 
     s, k, n = check_shape(tuple(shape), "calibrate.shape")
     ctxs = tuple(contexts or (context,))
