@@ -472,7 +472,7 @@ def decode_step(device: torch.device, smoke: bool, budget: Budget) -> dict[str, 
     graphs (engine/cuda_graphs.py), and graphs with overlapped host preparation
     (engine/overlap.py: step N+1's slots and plan built while step N runs; pinned, side-stream
     metadata copies). Step = host prep + forward + LM head + argmax + token readback."""
-    from workbench.engine.backends import make_attention_backend
+    from workbench.attention import make_attention_backend
     from workbench.engine.cuda_graphs import GraphRunner
     from workbench.engine.kv_cache import KVPool
     from workbench.models.config import ModelConfig

@@ -33,11 +33,13 @@ CHECKED = (
     "engine/kv_cache.py",
     "engine/scheduler.py",
     "engine/sampler.py",
-    "engine/backends.py",
-    "spec/tree.py",
-    "spec/verify.py",
-    "spec/drafter.py",
-    "spec/policy.py",
+    "attention/__init__.py",
+    "attention/paged.py",
+    "attention/tree_draft.py",
+    "speculative/tree.py",
+    "speculative/verify.py",
+    "speculative/drafter.py",
+    "speculative/policy.py",
     "kernels/__init__.py",
     "kernels/checks.py",
     "kernels/reference.py",
@@ -49,12 +51,11 @@ CHECKED = (
 
 # Step-path modules the engine refactor (ModelRunner owns the device) will convert. Not on the
 # step path, so in neither list: init-time (engine/autotune.py, models/loader.py, config.py),
-# calibration (spec/costmodel.py) and model writers (models/synthetic.py).
+# calibration (speculative/costmodel.py) and model writers (models/synthetic.py).
 PENDING = (
     "engine/engine.py",
-    "engine/attention.py",
-    "engine/triton_backend.py",
-    "engine/flashinfer_backend.py",
+    "attention/triton_backend.py",
+    "attention/flashinfer_backend.py",
     "engine/cuda_graphs.py",
     "engine/compiled.py",
     "engine/overlap.py",

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import workbench as wb
+from workbench.attention.paged import PagedAttention
 from workbench.engine import cuda_graphs
-from workbench.engine.attention import PagedAttention
 from workbench.engine.cuda_graphs import GraphRunner
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.overlap import Overlap, Pipeline, pack, run_pipelined
@@ -270,7 +270,7 @@ def test_gpu_captured_graphs_match_eager(attention: str,
         pytest.importorskip("flashinfer")
     from helpers import write_random_llama
 
-    from workbench.engine.backends import make_attention_backend
+    from workbench.attention import make_attention_backend
     from workbench.models.loader import load_target
 
     path = write_random_llama(tmp_path_factory.mktemp("graphs") / "m", hidden=256, layers=3,

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine.attention import PagedAttention
-from workbench.engine.backends import backend_name, make_attention_backend, resolve_backend
+from workbench.attention import backend_name, make_attention_backend, resolve_backend
+from workbench.attention.paged import PagedAttention
+from workbench.attention.triton_backend import TritonTreeAttention, ragged_plan
 from workbench.engine.kv_cache import KVPool
-from workbench.engine.triton_backend import TritonTreeAttention, ragged_plan
 from workbench.models.llama import LlamaForCausalLM
 
 CUDA = torch.cuda.is_available()
@@ -225,7 +225,7 @@ def stub_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU stand-in for ``flashinfer`` (its two paged wrappers), CUDA checks switched off."""
     import types
 
-    from workbench.engine import flashinfer_backend
+    from workbench.attention import flashinfer_backend
 
     mod = types.ModuleType("flashinfer")
     mod.BatchPrefillWithPagedKVCacheWrapper = _StubPaged  # type: ignore[attr-defined]
@@ -239,7 +239,7 @@ def test_flashinfer_glue_matches_torch_on_a_stub(micro_target: Path,
                                                  stub_flashinfer: None) -> None:
     """Page tables (shuffled pages, page 4), decode vs prefill choice, causal flag and the
     custom-mask layout, checked through a stub that computes what FlashInfer documents."""
-    from workbench.engine.flashinfer_backend import FlashInferAttention
+    from workbench.attention.flashinfer_backend import FlashInferAttention
 
     m = load(micro_target)
     c = m.config
@@ -266,8 +266,8 @@ def test_flashinfer_decode_graph_buckets_on_a_stub(micro_target: Path,
                                                    stub_flashinfer: None) -> None:
     """GraphRunner(attention="flashinfer") decode buckets through FlashInferDecodeGraph's
     fixed buffers (eager replay): 3 requests padded to 4 equal the eager torch backend."""
+    from workbench.attention.flashinfer_backend import FlashInferDecodeGraph
     from workbench.engine.cuda_graphs import GraphRunner
-    from workbench.engine.flashinfer_backend import FlashInferDecodeGraph
 
     m = load(micro_target)
     c = m.config
@@ -304,7 +304,7 @@ def test_engine_on_flashinfer_stub_spec_equals_plain(micro_target: Path,
     chunked prefill, decode, draft extend and tree verify give the torch engine's tokens."""
     from speculative.conftest import write_random_head
 
-    from workbench.engine.flashinfer_backend import FlashInferAttention
+    from workbench.attention.flashinfer_backend import FlashInferAttention
 
     head = write_random_head(micro_target, tmp_path / "head")
     base = wb.EngineConfig(kv_budget_tokens=1024, max_model_len=128, self_check=False,

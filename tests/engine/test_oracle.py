@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.engine.attention import PagedAttention
+from workbench.attention.paged import PagedAttention
 from workbench.engine.kv_cache import KVPool
 from workbench.models.loader import load_target
 

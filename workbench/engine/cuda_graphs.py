@@ -44,14 +44,14 @@ from typing import Any, Literal
 
 import torch
 
-from workbench.engine.overlap import Overlap
-from workbench.engine.triton_backend import (
+from workbench.attention.triton_backend import (
     RaggedPlan,
     TritonTreeAttention,
     has_tree,
     pad_rows,
     ragged_plan,
 )
+from workbench.engine.overlap import Overlap
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 Mode = Literal["cuda", "eager"]
@@ -169,7 +169,7 @@ class GraphRunner:
 
     def _static_attention(self, batch: int, q_len: int) -> Any:
         if self.attention == "flashinfer" and q_len == 1:
-            from workbench.engine.flashinfer_backend import (
+            from workbench.attention.flashinfer_backend import (
                 WORKSPACE_BYTES,
                 FlashInferDecodeGraph,
             )
@@ -302,7 +302,7 @@ def capture(engine: Any, *, mode: Mode = "cuda", buckets: Sequence[int] | None =
     max_model_len (+ the largest verify size). Attention: FlashInfer's graph decode when the
     engine's backend is flashinfer, else the Triton kernel. Must run before any request holds
     KV (warm-ups write scratch K/V into the first slots)."""
-    from workbench.engine.backends import backend_name
+    from workbench.attention import backend_name
 
     pool, mc, cfg = engine.pool, engine.model_config, engine.config
     if pool is None or engine.target is None or mc is None:

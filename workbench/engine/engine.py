@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from workbench import faults
+from workbench.attention import backend_name, make_attention_backend
+from workbench.attention.paged import PagedAttention
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput, TopLogprobs
-from workbench.engine.attention import PagedAttention
-from workbench.engine.backends import backend_name, make_attention_backend
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.sampler import (
     make_generator,

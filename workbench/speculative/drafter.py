@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
-from workbench.engine.attention import TreeDraftAttention
 from workbench.models.eagle3 import Eagle3Draft
 from workbench.speculative.tree import build_tree, expand, select_frontier
 

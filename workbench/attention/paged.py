@@ -1,4 +1,5 @@
-"""CPU attention over the paged pool, with a plan/run split (STYLE.md item 8).
+"""The ``torch`` backend: attention over the paged pool by gather + SDPA (the CPU path), with
+the plan/run split every backend shares (STYLE.md item 8).
 
 ``plan`` runs once per forward: it turns per-request query/KV lengths (and an optional tree
 mask) into static index tensors. ``run`` is called by every layer: write the new K/V into their
@@ -18,16 +19,18 @@ class PagedAttention:
     dominated by the gather at long contexts.
     """
 
-    # kv_slots may be any slot list (a draft with holes): see Engine._draft_slots
+    name = "torch"
+    # kv_slots may be any slot list (a draft with holes): see DraftState.slots
     arbitrary_slots = True
 
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int) -> None:
         self.k_pool, self.v_pool = k_pool, v_pool  # (L, S, Hkv, hd)
         self.h = num_heads
         self.gqa = num_heads != k_pool.shape[2]
-        self.write_slots = torch.empty(0, dtype=torch.int64)
-        self.kv_index = torch.empty(0, 0, dtype=torch.int64)
-        self.kv_flat = torch.empty(0, dtype=torch.int64)
+        dev = self.device = k_pool.device  # plans arrive on the host (KVPool.slots): moved here
+        self.write_slots = torch.empty(0, dtype=torch.int64, device=dev)
+        self.kv_index = torch.empty(0, 0, dtype=torch.int64, device=dev)
+        self.kv_flat = torch.empty(0, dtype=torch.int64, device=dev)
         self.mask: torch.Tensor | None = None
         self.q_index: torch.Tensor | None = None
         self.q_shape = (0, 0)
@@ -42,7 +45,8 @@ class PagedAttention:
         (q_len, q_len) bool ancestor mask over the new tokens, or None for causal."""
         b = len(q_lens)
         lq, lk = max(q_lens), max(int(s.numel()) for s in kv_slots)
-        self.write_slots = write_slots
+        dev = self.device
+        self.write_slots = write_slots.to(dev)
         self.q_shape = (b, lq)
         uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
         # One request whose slots are one run (the allocator hands out ascending blocks, so a
@@ -54,9 +58,10 @@ class PagedAttention:
             self.span_v = self.v_pool[:, lo : lo + lk].unsqueeze(1).transpose(2, 3)
         self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
             [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
+        self.kv_index = self.kv_index.to(dev)
         self.kv_flat = self.kv_index.flatten()
         self.q_index = None if uniform else torch.cat(
-            [torch.arange(q) + i * lq for i, q in enumerate(q_lens)])
+            [torch.arange(q, device=dev) + i * lq for i, q in enumerate(q_lens)])
         has_tree = tree_masks is not None and any(m is not None for m in tree_masks)
         # Fast paths: one new token per request with no padding needs no mask at all; a single
         # fresh prefill is plain causal attention.
@@ -67,14 +72,14 @@ class PagedAttention:
         if uniform and not has_tree and b == 1 and lq == lk:
             self.mask, self.is_causal = None, True
             return
-        mask = torch.zeros(b, lq, lk, dtype=torch.bool)
+        mask = torch.zeros(b, lq, lk, dtype=torch.bool, device=dev)
         for i, (q, s) in enumerate(zip(q_lens, kv_slots, strict=True)):
             n = int(s.numel())
             pre = n - q
             mask[i, :q, :pre] = True
             tm = tree_masks[i] if tree_masks is not None else None
             if tm is None:
-                mask[i, :q, pre:n] = torch.ones(q, q, dtype=torch.bool).tril()
+                mask[i, :q, pre:n] = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
             else:
                 mask[i, :q, pre:n] = tm
             if q < lq:  # padded query rows attend to one key so softmax stays finite
@@ -102,58 +107,3 @@ class PagedAttention:
                                            is_causal=self.is_causal, enable_gqa=self.gqa)
         o = o.transpose(1, 2).reshape(b * lq, *q.shape[1:])
         return o if self.q_index is None else o[self.q_index]
-
-
-class TreeDraftAttention:
-    """Draft-tree attention: gathered draft prefix (once per draft phase) + tree-local K/V.
-
-    Prefix and tree entries share one buffer of Lp + ``max_tree`` rows, filled depth by depth
-    (nothing is re-concatenated per depth). Tree nodes are never written to the pool; rejected
-    branches therefore need no rewind.
-    """
-
-    def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
-                 prefix_slots: list[torch.Tensor], max_tree: int) -> None:
-        """``max_tree``: tree entries the draft phase adds, (S−1)·K."""
-        b = len(prefix_slots)
-        lk = max(int(s.numel()) for s in prefix_slots)
-        idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots]).flatten()
-        self.k_buf = torch.cat([k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:]),
-                                k_pool.new_empty(b, max_tree, *k_pool.shape[2:])], dim=1)
-        self.v_buf = torch.cat([v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:]),
-                                v_pool.new_empty(b, max_tree, *v_pool.shape[2:])], dim=1)
-        self.pre_valid = torch.zeros(b, lk, dtype=torch.bool)
-        for i, s in enumerate(prefix_slots):
-            self.pre_valid[i, : int(s.numel())] = True
-        self.lp, self.n_tree, self.cap = lk, 0, max_tree
-        self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at the first run
-        self.b, self.h = b, num_heads
-        self.gqa = num_heads != k_pool.shape[2]
-        self.anc: torch.Tensor | None = None  # (B, K, n_tree) ancestors-or-self of the frontier
-
-    def set_frontier(self, anc: torch.Tensor) -> None:
-        """anc (B, K, n_tree_after_this_step) bool: which tree entries each query may see."""
-        self.anc = anc
-
-    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B·K, H, hd), k/v (B·K, Hkv, hd) for the frontier → (B·K, H, hd)."""
-        assert self.anc is not None
-        b = self.b
-        kf = k.view(b, -1, *k.shape[1:])
-        kq = kf.shape[1]
-        if self.n_tree + kq > self.cap:
-            raise ValueError(f"TreeDraftAttention: {self.n_tree + kq} tree entries > max_tree "
-                             f"{self.cap}")
-        lo, n = self.lp + self.n_tree, self.lp + self.n_tree + kq
-        self.k_buf[:, lo:n] = kf
-        self.v_buf[:, lo:n] = v.view(b, -1, *v.shape[1:])
-        self.n_tree += kq
-        if self.mask_buf is None or self.mask_buf.shape[1] != kq:
-            self.mask_buf = torch.zeros(b, kq, self.lp + self.cap, dtype=torch.bool)
-            self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
-        self.mask_buf[:, :, self.lp : n] = self.anc
-        o = F.scaled_dot_product_attention(
-            q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),
-            self.v_buf[:, :n].transpose(1, 2), attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),
-            enable_gqa=self.gqa)
-        return o.transpose(1, 2).reshape(b * kq, *q.shape[1:])

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.engine.triton_backend import (
+from workbench.attention.triton_backend import (
     RaggedPlan,
     Stage,
     block_mask,
@@ -78,6 +78,7 @@ class FlashInferAttention:
     groups >= 4 and one JIT module less to compile.
     """
 
+    name = "flashinfer"
     # page tables: kv_slots must be whole positions [0, kv_len) (no draft holes)
     arbitrary_slots = False
 

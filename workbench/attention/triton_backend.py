@@ -123,7 +123,8 @@ class TritonTreeAttention:
     head group (no gather copy), plus B·Lq·Lk mask bytes in tree mode.
     """
 
-    # kv_slots may be any slot list (a draft with holes): see Engine._draft_slots
+    name = "triton"
+    # kv_slots may be any slot list (a draft with holes): see DraftState.slots
     arbitrary_slots = True
 
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int, *,

@@ -1,0 +1,68 @@
+"""Draft-tree attention for the drafter (:func:`workbench.speculative.drafter.draft_tree`).
+
+Not a pool backend: it reads the draft pool once per draft phase (each request's prefix) and
+keeps the tree's own K/V in a local buffer, so rejected branches never touch the pool.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class TreeDraftAttention:
+    """Draft-tree attention: gathered draft prefix (once per draft phase) + tree-local K/V.
+
+    Prefix and tree entries share one buffer of Lp + ``max_tree`` rows, filled depth by depth
+    (nothing is re-concatenated per depth). Tree nodes are never written to the pool; rejected
+    branches therefore need no rewind.
+    """
+
+    def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
+                 prefix_slots: list[torch.Tensor], max_tree: int) -> None:
+        """``max_tree``: tree entries the draft phase adds, (S−1)·K."""
+        b = len(prefix_slots)
+        lk = max(int(s.numel()) for s in prefix_slots)
+        dev = k_pool.device  # prefix slots arrive on the host (KVPool.slots)
+        idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots])
+        idx = idx.flatten().to(dev)
+        self.k_buf = torch.cat([k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:]),
+                                k_pool.new_empty(b, max_tree, *k_pool.shape[2:])], dim=1)
+        self.v_buf = torch.cat([v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:]),
+                                v_pool.new_empty(b, max_tree, *v_pool.shape[2:])], dim=1)
+        self.pre_valid = torch.zeros(b, lk, dtype=torch.bool, device=dev)
+        for i, s in enumerate(prefix_slots):
+            self.pre_valid[i, : int(s.numel())] = True
+        self.lp, self.n_tree, self.cap = lk, 0, max_tree
+        self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at the first run
+        self.b, self.h = b, num_heads
+        self.gqa = num_heads != k_pool.shape[2]
+        self.anc: torch.Tensor | None = None  # (B, K, n_tree) ancestors-or-self of the frontier
+
+    def set_frontier(self, anc: torch.Tensor) -> None:
+        """anc (B, K, n_tree_after_this_step) bool: which tree entries each query may see."""
+        self.anc = anc
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B·K, H, hd), k/v (B·K, Hkv, hd) for the frontier → (B·K, H, hd)."""
+        assert self.anc is not None
+        b = self.b
+        kf = k.view(b, -1, *k.shape[1:])
+        kq = kf.shape[1]
+        if self.n_tree + kq > self.cap:
+            raise ValueError(f"TreeDraftAttention: {self.n_tree + kq} tree entries > max_tree "
+                             f"{self.cap}")
+        lo, n = self.lp + self.n_tree, self.lp + self.n_tree + kq
+        self.k_buf[:, lo:n] = kf
+        self.v_buf[:, lo:n] = v.view(b, -1, *v.shape[1:])
+        self.n_tree += kq
+        if self.mask_buf is None or self.mask_buf.shape[1] != kq:
+            self.mask_buf = torch.zeros(b, kq, self.lp + self.cap, dtype=torch.bool,
+                                        device=self.pre_valid.device)
+            self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
+        self.mask_buf[:, :, self.lp : n] = self.anc
+        o = F.scaled_dot_product_attention(
+            q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),
+            self.v_buf[:, :n].transpose(1, 2), attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),
+            enable_gqa=self.gqa)
+        return o.transpose(1, 2).reshape(b * kq, *q.shape[1:])
