@@ -45,6 +45,14 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+def accept_length(accepted: int, verify_ct: int) -> float:
+    """τ, the one definition (SGLang/vLLM ``spec_accept_length`` semantics): tokens emitted per
+    verify step = accepted draft tokens per step + the bonus token; 1.0 with no verify steps.
+    (SGLang's per-request ``meta_info`` field divides completion_tokens instead, prefill token
+    and plain-decoded tokens included: serve/protocol.py reports that one, as upstream.)"""
+    return (accepted + verify_ct) / verify_ct if verify_ct else 1.0
+
+
 @dataclass
 class RequestMetrics:
     """SGLang/vLLM semantics: τ (accept length) counts the bonus token."""
@@ -63,7 +71,8 @@ class RequestMetrics:
     @property
     def accept_length(self) -> float:
         """Mean tokens per verify step (= spec_accept_length); 1.0 with no verify steps."""
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+        n = len(self.accept_lengths)
+        return accept_length(sum(self.accept_lengths) - n, n)
 
     @property
     def ttft(self) -> float | None:
@@ -75,14 +84,77 @@ class RequestMetrics:
 
 
 @dataclass
+class DraftState:
+    """What the draft knows of one request (owned by the EagleWorker, kept on the Request).
+
+    Invariant: ``len`` <= the request's kv_len, and ``pending_feats`` holds the target features
+    of positions [len, kv_len) the draft has not consumed yet. ``holes`` lists position ranges
+    [s, e) below ``len`` the draft skipped (a cold stretch longer than
+    ``SpecConfig.catchup_window``): they have no draft KV and the draft does not attend to them.
+    """
+
+    len: int = 0  # positions [0, len) are in the draft's KV (holes excepted)
+    # chunks of (m_i, 3·Dt), concatenated once at the next draft extend (a cold stretch appends
+    # one chunk per step: no quadratic re-copying)
+    pending_feats: list[torch.Tensor] | None = None
+    pending_rows: int = 0  # rows in pending_feats (kept, not summed: it is read every step)
+    holes: list[tuple[int, int]] = field(default_factory=list)
+    logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
+    hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1
+    capable: bool = False  # may speculate (features kept since its prefill)
+
+    def reset(self) -> None:
+        """Forget everything the draft knew (preemption, finish); ``capable`` stays."""
+        self.len = 0
+        self.pending_feats = self.logits = self.hidden = None
+        self.pending_rows = 0
+        self.holes = []
+
+    def keep_feats(self, feats: torch.Tensor, window: int | None = None) -> None:
+        """Append the target features of the next position(s). With ``window`` (a cold stretch:
+        ``SpecConfig.catchup_window``) keep only the latest ``window`` rows; the dropped
+        positions become a hole and ``len`` moves past them."""
+        if self.pending_feats is None:
+            self.pending_feats = []
+        self.pending_feats.append(feats)
+        self.pending_rows += feats.shape[0]
+        if window is None or self.pending_rows <= window:
+            return
+        chunks, drop = self.pending_feats, self.pending_rows - window
+        start = self.len
+        self.len += drop
+        self.pending_rows = window
+        while drop >= chunks[0].shape[0]:
+            drop -= chunks.pop(0).shape[0]
+        if drop:
+            chunks[0] = chunks[0][drop:]
+        if self.holes and self.holes[-1][1] == start:
+            self.holes[-1] = (self.holes[-1][0], self.len)
+        else:
+            self.holes.append((start, self.len))
+
+    def consumed(self, kv_len: int) -> None:
+        """A draft extend fed every pending position: the draft is current at ``kv_len``."""
+        self.len = kv_len
+        self.pending_feats = None
+        self.pending_rows = 0
+
+    def slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """Of ``slots`` (positions [0, end)), those the draft holds: its holes left out."""
+        if not self.holes:
+            return slots
+        keep = torch.ones(slots.numel(), dtype=torch.bool, device=slots.device)
+        for s, e in self.holes:
+            keep[s:e] = False
+        return slots[keep]
+
+
+@dataclass
 class Request:
     """One sequence. ``tokens`` = prompt + output; target KV holds ``kv_len`` of them.
 
     Decode invariant: kv_len == len(tokens) - 1 (the last token, the *root*, is not yet in
-    the cache). Draft invariant: draft_len <= kv_len, and ``pending_feats`` holds the target
-    features of positions [draft_len, kv_len) the draft has not consumed yet. ``draft_holes``
-    lists position ranges [s, e) below draft_len the draft skipped (a cold stretch longer than
-    ``SpecConfig.catchup_window``): they have no draft KV and the draft does not attend to them.
+    the cache). ``draft`` is what the draft model knows of it (:class:`DraftState`).
     """
 
     rid: int
@@ -94,15 +166,7 @@ class Request:
     kv_len: int = 0
     prefill_target: int = 0  # prefill covers tokens[:prefill_target]
     sample_after_prefill: bool = True
-    draft_len: int = 0
-    # chunks of (m_i, 3·Dt), concatenated once at the next draft extend (a cold stretch appends
-    # one chunk per step: no quadratic re-copying)
-    pending_feats: list[torch.Tensor] | None = None
-    pending_rows: int = 0  # rows in pending_feats (kept, not summed: it is read every step)
-    draft_holes: list[tuple[int, int]] = field(default_factory=list)
-    draft_logits: torch.Tensor | None = None  # (Vd,) at position kv_len-1
-    draft_hidden: torch.Tensor | None = None  # (D,) pre-norm, position kv_len-1
-    spec_capable: bool = False
+    draft: DraftState = field(default_factory=DraftState)
     generator: torch.Generator | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None  # finish_reason "stop": the stop token id or string
@@ -115,12 +179,6 @@ class Request:
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
-
-    def drop_draft_state(self) -> None:
-        """Forget everything the draft knew of this request (preemption, finish)."""
-        self.pending_feats = self.draft_logits = self.draft_hidden = None
-        self.pending_rows = 0
-        self.draft_holes = []
 
     def __post_init__(self) -> None:
         if not self.tokens:

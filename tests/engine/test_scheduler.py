@@ -188,13 +188,13 @@ def test_finish_releases_everything_and_drops_draft_state() -> None:
     for r in (a, b):
         s.add(r)
     run_prefill(s)
-    a.draft_logits = torch.zeros(3)
-    a.draft_holes = [(0, 2)]
+    a.draft.logits = torch.zeros(3)
+    a.draft.holes = [(0, 2)]
     s.add(w)
     s.finish(a)
     s.finish(w)  # a waiting request (aborted before admission)
-    assert a.status is Status.FINISHED and a.blocks == [] and a.draft_logits is None
-    assert a.draft_holes == [] and w.status is Status.FINISHED
+    assert a.status is Status.FINISHED and a.blocks == [] and a.draft.logits is None
+    assert a.draft.holes == [] and w.status is Status.FINISHED
     assert s.running == [b] and not s.waiting
     s.finish(b)
     assert not s.has_work() and s.pool.used_blocks == 0

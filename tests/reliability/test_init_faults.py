@@ -19,6 +19,8 @@ from reliability import kit
 
 import workbench as wb
 from workbench.engine.engine import Engine
+from workbench.engine.output import OutputProcessor
+from workbench.engine.runner import ModelRunner
 from workbench.reliability import snapshot
 from workbench.trace.tracer import RecordingTracer
 
@@ -169,14 +171,17 @@ def test_every_attribute_exists_before_the_first_fallible_stage(micro_target: Pa
 
     class Probe(Engine):
         def _init(self) -> None:
-            # the object as the first stage finds it (containers copied: stages fill them)
-            seen.update({k: v.copy() if isinstance(v, (list, dict)) else v
-                         for k, v in vars(self).items()})
+            # the object as the first stage finds it (containers copied: stages fill them),
+            # with the parts the stages fill: the model runner and the output processor
+            for part in (self.runner, self.out, self):
+                seen.update({k: v.copy() if isinstance(v, (list, dict)) else v
+                             for k, v in vars(part).items()})
             super()._init()
 
     with wb.faults.inject("init:load_config"), pytest.raises(wb.EngineInitError):
         Probe(micro_target, head, config())
-    assigned = _assigned_attributes(Engine)
+    assigned = _assigned_attributes(Engine) | _assigned_attributes(ModelRunner) | \
+        _assigned_attributes(OutputProcessor)
     assert {"pool", "draft", "draft_attn", "scheduler", "baseline_only"} <= assigned
     missing = sorted(assigned - set(seen))
     assert not missing, f"set only after init started (a half-built engine lacks them): {missing}"

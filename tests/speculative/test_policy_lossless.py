@@ -239,27 +239,25 @@ def test_keep_feats_window_trims_into_holes() -> None:
     adjacent holes; pending always covers exactly [draft_len, kv_len)."""
     import torch
 
-    from workbench.core import Request
-    from workbench.engine.engine import Engine
+    from workbench.core import DraftState
 
-    r = Request(rid=0, prompt_ids=[1], sampling=wb.SamplingParams())
-    r.draft_len = r.kv_len = 10
-    keep = Engine._keep_feats
+    r = DraftState()  # the request's kv_len is the local ``kv_len``
+    r.len = kv_len = 10
+    keep = DraftState.keep_feats
     for n in (1, 2, 1, 3):  # a chunk per step (sizes as prefill/commit would give)
-        keep(None, r, torch.full((n, 4), float(r.kv_len)), 3)  # type: ignore[arg-type]
-        r.kv_len += n
+        keep(r, torch.full((n, 4), float(kv_len)), 3)
+        kv_len += n
         assert sum(f.shape[0] for f in r.pending_feats) == r.pending_rows == \
-            r.kv_len - r.draft_len <= 3
-    assert r.draft_holes == [(10, 14)]
+            kv_len - r.len <= 3
+    assert r.holes == [(10, 14)]
     assert torch.cat(r.pending_feats)[:, 0].tolist() == [14.0, 14.0, 14.0]
-    r.draft_len = r.kv_len  # an extend consumed them
-    r.pending_feats, r.pending_rows = None, 0
+    r.consumed(kv_len)  # an extend consumed them
     for _ in range(5):
-        keep(None, r, torch.zeros(1, 4), 2)  # type: ignore[arg-type]
-        r.kv_len += 1
-    assert r.draft_holes == [(10, 14), (17, 20)]
-    keep(None, r, torch.zeros(4, 4), None)  # type: ignore[arg-type]  # no window: keeps all
-    r.kv_len += 4
+        keep(r, torch.zeros(1, 4), 2)
+        kv_len += 1
+    assert r.holes == [(10, 14), (17, 20)]
+    keep(r, torch.zeros(4, 4), None)  # no window: keeps all
+    kv_len += 4
     assert sum(f.shape[0] for f in r.pending_feats) == 6
 
 
@@ -283,7 +281,7 @@ def test_auto_defers_prompt_extends(engine: wb.Engine) -> None:
     long_prompts = [[rng.randrange(1, 299) for _ in range(40 + 3 * i)] for i in range(4)]
     rows: dict[str, int] = {}
     for state in ("auto", "warm"):
-        engine._plain_streak = 0  # as after a speculative step: auto starts warm
+        engine.worker.plain_streak = 0  # as after a speculative step: auto starts warm
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=wb.Never())
         _, evs = extends(engine, long_prompts, spec, 4)
         rows[state] = sum(sum(e.rows) for e in evs)

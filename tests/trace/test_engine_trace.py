@@ -362,10 +362,9 @@ def test_phases_cover_the_whole_step(micro_target: Path, trained_head: Path,  # 
     over the prompt in Prefill.seconds."""
     engine = make_engine(micro_target, trained_head)
     nap = 0.02
-    # public seams where there is one: a slow policy, a hook inside each draft extend; token
-    # emission has none yet (#19: the EagleWorker refactor)
+    # public seams: a slow policy, a hook inside each draft extend, the output processor
     engine.hooks.register(lambda e: time.sleep(nap), [DraftExtended])
-    monkeypatch.setattr(engine, "_emit", slowed(engine._emit, nap))
+    monkeypatch.setattr(engine.out, "append_tokens", slowed(engine.out.append_tokens, nap))
     sched = engine.scheduler
     assert sched is not None
     monkeypatch.setattr(sched, "ensure_decode_room", slowed(sched.ensure_decode_room, nap))

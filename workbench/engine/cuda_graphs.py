@@ -29,7 +29,7 @@ and plan_static against the eager backends. Outputs are cloned out of the static
 next replay overwrites them).
 
 The engine calls :func:`capture` from its ``cuda_graphs`` init stage on CUDA only, and
-``_target_forward`` hands a forward to :meth:`GraphRunner.run`, which returns None (→ eager)
+``ModelRunner.forward`` hands a forward to :meth:`GraphRunner.run`, which returns None (→ eager)
 for anything without a bucket: prefill chunks, draft extends, mixed q_lens, contexts beyond
 ``max_kv``. By default the engine captures decode buckets only (the verify size N is chosen per
 request batch by the spec policy, not known at init); ``verify_nodes`` adds verify buckets.

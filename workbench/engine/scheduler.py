@@ -3,21 +3,52 @@
 Admission reserves the whole prefill (+1 for the first decode) so a half-prefilled request never
 waits on memory; decode growth that does not fit preempts the most recently admitted request
 (recompute: its KV is dropped and it re-prefills later — never a crash).
+
+:meth:`Scheduler.plan_step` owns the whole batch of a step: admission, prefill chunks, the
+policy decision (a callback) and every KV reservation and preemption, all before any forward;
+it returns a :class:`ScheduledBatch` the engine then runs without touching the pool's budget.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.core import Request, Status
 from workbench.engine.kv_cache import KVPool
+from workbench.speculative.policy import Decision
 
 
 @dataclass
 class Schedule:
     prefill: list[tuple[Request, int, int]]  # (request, start, end) token ranges this step
     decode: list[Request]
+
+
+@dataclass
+class DecodePlan:
+    """The policy's answer for a decode batch: which requests draft trees of how many nodes."""
+
+    decision: Decision
+    speculate: list[Request]  # candidates (the others decode plainly)
+    lookahead: int  # KV positions a speculating request needs past kv_len (tree nodes)
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work, KV reserved: prefill chunks, then the decode batch split into requests
+    that speculate (``lookahead`` reserved) and requests that decode plainly (one reserved)."""
+
+    prefill: list[tuple[Request, int, int]]
+    decode: list[Request]  # the policy's batch, in running order (preempted ones included)
+    speculate: list[Request]
+    plain: list[Request]
+    decision: Decision | None  # None: no decode batch this step
+
+    def runs(self, r: Request) -> bool:
+        """Does ``r`` decode this step (it was not preempted making room)?"""
+        return r.status is Status.RUNNING and not r.in_prefill
 
 
 class Scheduler:
@@ -55,6 +86,20 @@ class Scheduler:
         decode = [r for r in self.running if not r.in_prefill]
         return Schedule(prefill, decode)
 
+    def plan_step(self, plan: Callable[[list[Request]], DecodePlan]) -> ScheduledBatch:
+        """Admit, chunk prefills, ask ``plan`` about the decode batch, then reserve: the
+        speculating requests first (their lookahead), then one position for every other
+        decode request. A preempted request leaves the prefill and decode lists."""
+        sched = self.schedule()
+        if not sched.decode:
+            return ScheduledBatch(sched.prefill, [], [], [], None)
+        p = plan(sched.decode)
+        spec = self.ensure_decode_room(p.speculate, p.lookahead) if p.speculate else []
+        chosen = {id(r) for r in spec}
+        plain = self.ensure_decode_room([r for r in sched.decode if id(r) not in chosen], 1)
+        prefill = [c for c in sched.prefill if c[0].status is Status.RUNNING]
+        return ScheduledBatch(prefill, sched.decode, spec, plain, p.decision)
+
     def ensure_decode_room(self, reqs: list[Request], lookahead: int) -> list[Request]:
         """Reserve kv_len + lookahead positions for each request, preempting the newest
         running requests when the pool is short. Returns the requests that still decode."""
@@ -91,8 +136,8 @@ class Scheduler:
         has_output = len(req.tokens) > len(req.prompt_ids)
         req.prefill_target = len(req.tokens) - 1 if has_output else len(req.tokens)
         req.sample_after_prefill = not has_output
-        req.kv_len = req.draft_len = 0
-        req.drop_draft_state()
+        req.kv_len = 0
+        req.draft.reset()
         req.status = Status.WAITING
         req.metrics.preemptions += 1
         self.waiting.appendleft(req)
@@ -103,5 +148,5 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        req.drop_draft_state()
+        req.draft.reset()
         req.status = Status.FINISHED

@@ -287,8 +287,8 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
     model = CostModel.fit(samples, ema=ema)
     if not steps:
         return model
-    stats = engine.stats
-    engine.stats = type(stats)()
+    saved = engine.stats.snapshot()  # the live engine keeps its stats object: restored in place
+    engine.stats.reset()
     try:
         sb = list(step_batches or bs[:: max(1, len(bs) // 3)][:3])
         sb = [b for b in sb if b <= engine.config.max_batch_size]
@@ -313,7 +313,7 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
                                                   tau, context, scaled=False)
                     samples.append(CostSample(f"{kind}_overhead", batch, ms - pred, context))
     finally:
-        engine.stats = stats
+        engine.stats.restore(saved)
     return CostModel.fit(samples, ema=ema)
 
 

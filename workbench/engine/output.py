@@ -1,0 +1,215 @@
+"""Token output: appending a step's tokens under the stop rules, log-probabilities, finishing.
+
+:class:`OutputProcessor` is the one place a request's tokens grow (``append_tokens``, applying
+stop ids / EOS, stop strings, max_new_tokens and the context length after every token) and the
+one place a request finishes (``finish``: KV freed, RequestFinished traced). It also fails a
+single request on request-scoped numeric errors (``bad_logits``) and builds the public
+:class:`~workbench.core.RequestOutput` snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from workbench import faults
+from workbench.core import Request, RequestOutput, StepOutput, TopLogprobs
+from workbench.engine.scheduler import Scheduler
+from workbench.trace import events as ev
+from workbench.trace.tracer import Dispatcher
+
+
+class OutputProcessor:
+    """Tokens in, outputs out. ``tokenizer``, ``eos_ids`` and ``max_model_len`` are set by the
+    engine's init stages; ``scheduler`` once the KV pool exists."""
+
+    def __init__(self, stats: Any, trace: Dispatcher) -> None:
+        self.stats = stats  # EngineStats: generated_tokens
+        self.trace = trace
+        self.tokenizer: Any = None
+        self.eos_ids: set[int] = set()
+        self.max_model_len = 0
+        self.scheduler: Scheduler | None = None
+        self.row_errors: dict[int, str] = {}  # rid → request-scoped sampling failure this step
+
+    def room(self, r: Request) -> int:
+        """How many more tokens ``r`` may emit (max_new_tokens, context length)."""
+        return min(r.sampling.max_new_tokens - (len(r.tokens) - len(r.prompt_ids)),
+                   self.max_model_len - len(r.tokens))
+
+    def append_tokens(self, r: Request, new: list[int], from_draft: list[bool],
+                      outputs: dict[int, StepOutput]) -> None:
+        """Append tokens one at a time, applying stop ids / EOS, stop strings, max_new_tokens
+        and the context length after each: a block of accepted draft tokens ends exactly where
+        plain decoding of the same tokens would (lossless stops)."""
+        sp = r.sampling
+        now = time.perf_counter()
+        if r.metrics.first_token is None:
+            r.metrics.first_token = now
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        check_text = bool(sp.stop) and self.tokenizer is not None
+        kept: list[int] = []
+        reason = None
+        room = self.room(r)
+        for tok in new:
+            kept.append(tok)
+            r.tokens.append(tok)
+            if tok in stops:
+                reason, r.matched_stop = "stop", tok
+                break
+            if check_text:
+                hit = self._stop_string(r)
+                if hit is not None:
+                    reason, r.matched_stop = "stop", hit
+                    break
+            if len(kept) >= room:  # max_new_tokens or the context length reached
+                reason = "length"
+                break
+        r.emitted_from_draft.extend(from_draft[: len(kept)])
+        r.metrics.token_times.extend([now] * len(kept))
+        self.stats.generated_tokens += len(kept)
+        prev = outputs.get(r.rid)
+        delta = (prev.new_token_ids if prev else []) + kept
+        if reason is not None:
+            self.finish(r, reason)
+        outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
+
+    def _stop_string(self, r: Request) -> str | None:
+        """The stop string the newest token completes, if any. A new match ends in the newest
+        token's text, so decoding a tail of the output suffices: a string of L characters spans
+        at most 4L tokens (a byte-level token carries at least one UTF-8 byte), plus a margin so
+        the tail's first token (whose decoding may differ, e.g. a leading space) is not part of
+        it."""
+        stops = r.sampling.stop
+        out = r.output_ids
+        window = 4 * max(len(s) for s in stops) + 8
+        tail = self.tokenizer.decode(out[-window:])
+        for s in stops:
+            if s in tail:
+                return s
+        return None
+
+    def bad_logits(self, r: Request, logits: torch.Tensor,
+                   outputs: dict[int, StepOutput]) -> bool:
+        """Request-scoped numeric failures fail this request only; the others continue: its
+        logits are non-finite, or its sampling found no valid distribution (``row_errors``)."""
+        sampling_error = self.row_errors.pop(r.rid, None)
+        if sampling_error is not None:
+            self.fail_request(r, f"request {r.rid}: {sampling_error}", outputs)
+            return True
+        # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf); only
+        # a non-finite sum (or a huge finite overflow) pays for the elementwise check.
+        if faults.active(f"step:nan_logits@{r.rid}") or (
+                not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all())):
+            self.fail_request(r, f"request {r.rid}: non-finite logits at position {r.kv_len}",
+                              outputs)
+            return True
+        return False
+
+    def fail_request(self, r: Request, error: str, outputs: dict[int, StepOutput]) -> None:
+        r.error = error
+        self.finish(r, "error")
+        outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)
+
+    def finish(self, r: Request, reason: str) -> None:
+        assert self.scheduler is not None
+        r.finish_reason = reason
+        r.metrics.finished = time.perf_counter()
+        self.scheduler.finish(r)
+        if self.trace.enabled:
+            m = r.metrics
+            self.trace.emit(ev.RequestFinished(
+                t=time.perf_counter(), rid=r.rid, reason=reason, prompt_len=len(r.prompt_ids),
+                output_len=len(r.output_ids), verify_ct=m.verify_ct,
+                accept_lengths=list(m.accept_lengths), ttft_s=m.ttft if m.ttft else 0.0,
+                e2e_s=m.e2e or 0.0, error=r.error or ""))
+
+    # -- log-probabilities -------------------------------------------------------------------
+    def add_output_logprobs(self, r: Request, rows: torch.Tensor) -> None:
+        """Log-probabilities of the tokens the last ``append_tokens`` appended (it may have
+        stopped early): row j of ``rows`` is the target's logits that produced its j-th token."""
+        out = r.output_ids
+        k = len(out) - len(r.output_logprobs)
+        if k <= 0:
+            return
+        sp = r.sampling
+        t = 1.0 if sp.greedy or sp.temperature <= 0 else float(sp.temperature)
+        lp = torch.log_softmax(rows[:k].float() / t, dim=-1)
+        toks = torch.tensor(out[len(out) - k:], device=lp.device)
+        r.output_logprobs.extend(lp.gather(1, toks[:, None])[:, 0].tolist())
+        assert r.logprobs is not None
+        if r.logprobs.top_k:
+            r.output_top_logprobs.extend(top_logprobs(lp, r.logprobs.top_k))
+
+    def add_input_logprobs(self, r: Request, s: int, e: int, hidden: torch.Tensor,
+                           logits_of: Any) -> None:
+        """Prompt tokens' log-probabilities from a prefill chunk covering positions [s, e):
+        position p's raw logits (``logits_of(hidden rows)``) score the token at p + 1 (from
+        ``logprobs.start`` on). A re-prefill after preemption finds its positions done and adds
+        nothing."""
+        assert r.logprobs is not None and r.logprobs.start is not None
+        start, n_prompt = r.logprobs.start, len(r.prompt_ids)
+        # token index j = p + 1 is next in line when j - start == len(input_logprobs)
+        first = start + len(r.input_logprobs) - 1
+        lo, hi = max(s, first), min(e, n_prompt - 1)
+        if lo >= hi:
+            return
+        lp = torch.log_softmax(logits_of(hidden[lo - s : hi - s]).float(), dim=-1)
+        toks = torch.tensor(r.prompt_ids[lo + 1 : hi + 1], device=lp.device)
+        r.input_logprobs.extend(lp.gather(1, toks[:, None])[:, 0].tolist())
+        if r.logprobs.top_k:
+            r.input_top_logprobs.extend(top_logprobs(lp, r.logprobs.top_k))
+
+    # -- the public snapshot -----------------------------------------------------------------
+    def request_output(self, req: Request, text: bool, lossless: bool) -> RequestOutput:
+        text_s = self.text_of(req) if self.tokenizer is not None and text else ""
+        lp = req.logprobs
+        return RequestOutput(rid=req.rid, prompt_ids=req.prompt_ids,
+                             token_ids=list(req.output_ids), text=text_s,
+                             finish_reason=req.finish_reason or "",
+                             metrics=req.metrics, error=req.error, lossless=lossless,
+                             from_draft=list(req.emitted_from_draft),
+                             matched_stop=req.matched_stop,
+                             output_logprobs=None if lp is None else list(req.output_logprobs),
+                             output_top_logprobs=None if lp is None or not lp.top_k else
+                             list(req.output_top_logprobs),
+                             input_logprobs=None if lp is None or lp.start is None else
+                             list(req.input_logprobs),
+                             input_top_logprobs=None if lp is None or lp.start is None or
+                             not lp.top_k else list(req.input_top_logprobs),
+                             logprob_start=None if lp is None else lp.start)
+
+    def text_of(self, req: Request) -> str:
+        """The request's output text, its matched stop trimmed (see ``Engine.output``)."""
+        ids, m = req.output_ids, req.matched_stop
+        trim = req.finish_reason == "stop" and m is not None and not req.sampling.no_stop_trim
+        if trim and isinstance(m, int) and ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(ids)
+        if trim and isinstance(m, str):
+            pos = text.find(m)
+            if pos != -1:
+                text = text[:pos]
+        return text
+
+
+def hold_back_stops(text: str, stops: tuple[str, ...]) -> str:
+    """``text`` without its longest suffix that begins one of ``stops``: what a stream may show
+    before the request finishes (the rest may turn out to be a stop string, trimmed at the
+    end)."""
+    cut = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), cut, -1):
+            if text.endswith(s[:k]):
+                cut = k
+                break
+    return text[: len(text) - cut] if cut else text
+
+
+def top_logprobs(lp: torch.Tensor, k: int) -> list[TopLogprobs]:
+    """Each row's ``k`` most likely tokens as (token id, logprob), most likely first."""
+    vals, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(),
+                                                          strict=True)]

@@ -1,0 +1,201 @@
+"""The ModelRunner: models, KV pool, attention backends and CUDA graphs; every forward.
+
+A forward is described by one noun, :class:`ForwardBatch` (which requests, which new positions,
+their tokens, optional tree masks); the runner builds it from the engine's state (prefill
+chunks, a plain decode batch, a verify over draft trees, a draft extend), plans the attention
+backend and runs the model. The runner owns the device: every tensor it builds is created
+there. KV slot lists stay on the host (``KVPool.slots``: plan metadata), and each backend moves
+its finished plan once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workbench.attention import AttentionBackend, backend_name, make_attention_backend
+from workbench.config import EngineConfig
+from workbench.core import DraftTree, Request
+from workbench.engine.kv_cache import KVPool
+from workbench.models.config import ModelConfig
+from workbench.models.eagle3 import Eagle3Draft
+from workbench.models.llama import LlamaForCausalLM
+
+
+@dataclass
+class ForwardBatch:
+    """One forward: request i's new tokens occupy positions [starts[i], ends[i]); their KV is
+    written to their slots and attention sees positions [0, ends[i]) (``tree_masks[i]``, when
+    given, restricts the new tokens to their tree ancestors)."""
+
+    reqs: list[Request]
+    starts: list[int]
+    ends: list[int]
+    tokens: torch.Tensor  # (Σ q_len,) on the runner's device
+    positions: torch.Tensor  # (Σ q_len,)
+    tree_masks: list[torch.Tensor | None] | None = None
+    want_aux: bool = False  # also return the draft's features (EAGLE-3 aux layers)
+
+    @property
+    def q_lens(self) -> list[int]:
+        return [e - s for s, e in zip(self.starts, self.ends, strict=True)]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+class ModelRunner:
+    """Target and draft models, the KV pool and its attention backends, the CUDA graphs."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.target: LlamaForCausalLM | None = None
+        self.draft: Eagle3Draft | None = None
+        self.aux_layers: tuple[int, ...] = ()
+        self.pool: KVPool | None = None
+        self.attn: AttentionBackend | None = None
+        self.draft_attn: AttentionBackend | None = None
+        self.graphs: object | None = None  # cuda_graphs.GraphRunner / compiled.CompiledSteps
+
+    # -- init stages (called by Engine._init, which owns the order and the error policy) -----
+    def load_target(self, path: str | Path) -> str:
+        from workbench.models.loader import load_target
+
+        self.target, _, _ = load_target(path, self.config.dtype, self.config.device)
+        self.target.fuse(self.config.gemm)
+        return f"gemm={self.target.gemm}"
+
+    def load_draft(self, path: str | Path) -> None:
+        from workbench.models.loader import load_eagle3
+
+        assert self.target is not None
+        self.draft, self.aux_layers = load_eagle3(path, self.target, self.config.dtype,
+                                                  self.config.device)
+        self.draft.fuse(self.config.gemm)
+
+    def allocate_kv(self, mc: ModelConfig) -> KVPool:
+        cfg = self.config
+        draft_shape = None
+        if self.draft is not None:
+            dc = self.draft.config
+            draft_shape = (dc.num_key_value_heads, dc.head_dim)
+        dtype = self.target.model.embed_tokens.weight.dtype if self.target else torch.float32
+        self.pool = KVPool(cfg.kv_budget_tokens // cfg.page_size, cfg.page_size,
+                           mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, dtype,
+                           cfg.device, draft_shape)
+        return self.pool
+
+    def attention_backend(self, mc: ModelConfig) -> str:
+        assert self.pool is not None
+        self.attn = make_attention_backend(self.config.attention_backend, self.pool.k,
+                                           self.pool.v, mc.num_attention_heads,
+                                           self.pool.page_size)
+        return f"backend={backend_name(self.attn)}"
+
+    def draft_attention_backend(self) -> None:
+        if self.draft is None:
+            return
+        assert self.pool is not None and self.pool.dk is not None and self.pool.dv is not None
+        self.draft_attn = make_attention_backend(self.config.attention_backend, self.pool.dk,
+                                                 self.pool.dv,
+                                                 self.draft.config.num_attention_heads,
+                                                 self.pool.page_size)
+
+    def drop_draft(self) -> None:
+        """The configured fallback after a draft stage failed: a baseline runner."""
+        self.draft = None
+        self.draft_attn = None
+        self.aux_layers = ()
+        if self.pool is not None:
+            self.pool.dk = self.pool.dv = None
+
+    def close(self) -> None:
+        self.pool = None
+        self.attn = self.draft_attn = None
+        self.graphs = None
+        self.target = None
+        self.draft = None
+
+    # -- input building --------------------------------------------------------------------
+    def prefill_batch(self, chunks: list[tuple[Request, int, int]],
+                      want_aux: bool) -> ForwardBatch:
+        """Prompt chunks: request r's tokens [s, e) at positions [s, e)."""
+        dev = self.device
+        return ForwardBatch(
+            [c[0] for c in chunks], [c[1] for c in chunks], [c[2] for c in chunks],
+            torch.cat([torch.tensor(r.tokens[s:e], device=dev) for r, s, e in chunks]),
+            torch.cat([torch.arange(s, e, device=dev) for _, s, e in chunks]), None, want_aux)
+
+    def decode_batch(self, reqs: list[Request], want_aux: bool) -> ForwardBatch:
+        """One token per request: its root (the last token) at position kv_len."""
+        kv = [r.kv_len for r in reqs]
+        dev = self.device
+        return ForwardBatch(reqs, kv, [k + 1 for k in kv],
+                            torch.tensor([r.tokens[-1] for r in reqs], device=dev),
+                            torch.tensor(kv, device=dev), None, want_aux)
+
+    def verify_batch(self, reqs: list[Request], tree: DraftTree) -> ForwardBatch:
+        """Every request's draft tree after its prefix, under the tree's ancestor masks."""
+        starts = [r.kv_len for r in reqs]
+        n = tree.num_nodes
+        return ForwardBatch(reqs, starts, [s + n for s in starts], tree.tokens.flatten(),
+                            tree.positions.flatten(),
+                            [tree.mask[i] for i in range(len(reqs))], want_aux=True)
+
+    # -- forwards ----------------------------------------------------------------------------
+    def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target over ``batch``: (hidden (T, D), aux features (T, 3·D) or None)."""
+        assert self.pool is not None and self.attn is not None and self.target is not None
+        write, kv = [], []
+        for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
+            all_slots = self.pool.slots(r.blocks, 0, e)
+            write.append(all_slots[s:])
+            kv.append(all_slots)
+        q_lens = batch.q_lens
+        if self.graphs is not None:
+            out = self.graphs.run(batch.tokens, batch.positions,  # type: ignore[attr-defined]
+                                  torch.cat(write), q_lens, kv, batch.tree_masks,
+                                  batch.want_aux)
+            if out is not None:
+                return out  # type: ignore[no-any-return]
+        self.attn.plan(torch.cat(write), q_lens, kv, batch.tree_masks)
+        return self.target(batch.tokens, batch.positions, self.attn,
+                           self.aux_layers if batch.want_aux else ())
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        assert self.target is not None
+        return self.target.logits(hidden)
+
+    def draft_slots(self, r: Request, end: int) -> torch.Tensor:
+        """Draft-pool slots of positions [0, end) the draft holds (its holes left out)."""
+        assert self.pool is not None
+        return r.draft.slots(self.pool.slots(r.blocks, 0, end))
+
+    def draft_extend(self, reqs: list[Request]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+        """The draft over every position it has not seen, (feature at p, token at p+1) for p in
+        [draft.len, kv_len). Returns (logits at each request's last row, all hidden rows,
+        each request's last row index, rows per request)."""
+        assert self.draft is not None and self.draft_attn is not None
+        dev = self.device
+        toks, pos, feats, write, kv, q_lens = [], [], [], [], [], []
+        for r in reqs:
+            s, e = r.draft.len, r.kv_len
+            toks.append(torch.tensor(r.tokens[s + 1 : e + 1], device=dev))
+            pos.append(torch.arange(s, e, device=dev))
+            feats.extend(r.draft.pending_feats)  # type: ignore[arg-type]
+            slots = self.draft_slots(r, e)
+            write.append(slots[slots.numel() - (e - s):])
+            kv.append(slots)
+            q_lens.append(e - s)
+        self.draft_attn.plan(torch.cat(write), q_lens, kv)
+        hidden = self.draft.features(torch.cat(feats))
+        ends = torch.tensor(q_lens, device=dev).cumsum(0) - 1
+        # logits only where the next draft starts (a catch-up over m positions needs 1 row)
+        logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn,
+                                 logit_rows=ends)
+        return logits, out, ends, q_lens

@@ -1,0 +1,400 @@
+"""The EagleWorker: everything a step does with the draft, plus the decode that feeds it.
+
+Per step the engine calls, in order: :meth:`EagleWorker.plan` (through the scheduler: the
+policy decision and who may speculate), :meth:`prefill`, then :meth:`speculate` (catch-up →
+draft trees → one verify forward → accept → commit KV → draft extend) and/or :meth:`plain`
+(one decode forward). Each request's draft knowledge is its :class:`~workbench.core.DraftState`.
+
+One rule says when a draft extends (:meth:`extend`): a speculating step extends every draft it
+is about to use, and again after the commit (the next tree starts there); a step that does not
+speculate (prefill, plain decode) extends per ``SpecConfig.draft_state``: ``warm`` all,
+``cold`` none, ``auto`` — in the first AUTO_WARM_STEPS steps of an off stretch — those at most
+``catchup_window`` behind (a fresh prompt's big backlog waits for its first speculative step,
+which needs that extend anyway, so a policy that is off under load never pays for it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from workbench import faults
+from workbench.config import SpecConfig
+from workbench.core import DraftTree, Request, StepOutput, VerifyResult
+from workbench.engine.output import OutputProcessor
+from workbench.engine.runner import ModelRunner
+from workbench.engine.sampler import process_probs, sample_rows, valid_distribution
+from workbench.engine.scheduler import DecodePlan
+from workbench.engine.stats import EngineStats
+from workbench.speculative.drafter import draft_tree
+from workbench.speculative.policy import Decision, PolicyContext
+from workbench.speculative.verify import greedy_verify, sample_verify, simulated_verify
+from workbench.trace import events as ev
+from workbench.trace.tracer import Dispatcher
+
+# draft_state="auto": an off stretch keeps the draft warm for this many plain steps, then goes
+# cold (measured on the 2-core EPYC: a warm plain step costs 0.7-4.6 ms more than a cold one at
+# batch 1-64, a cold catch-up 1.3-12 ms once per switch; short flips stay cheap either way).
+AUTO_WARM_STEPS = 8
+# draft_state="auto" with catchup_window=None: warm plain steps extend backlogs up to this size
+AUTO_CATCHUP_ROWS = 32
+
+Phases = dict[str, float]
+
+
+class EagleWorker:
+    def __init__(self, runner: ModelRunner, out: OutputProcessor, stats: EngineStats,
+                 trace: Dispatcher) -> None:
+        self.runner, self.out, self.stats, self.trace = runner, out, stats, trace
+        self.spec: SpecConfig | None = None  # this step's (Engine.begin of each step)
+        self.step_id = 0
+        self.plain_streak = 0  # consecutive decode steps without speculation (draft_state auto)
+
+    def begin_step(self, spec: SpecConfig | None, step_id: int) -> None:
+        self.spec, self.step_id = spec, step_id
+
+    # -- the policy and the extend rule ------------------------------------------------------
+    def plan(self, decode: list[Request]) -> DecodePlan:
+        """The policy's decision for this decode batch; a request with one token left gains
+        nothing from a draft: it decodes plainly."""
+        spec = self.spec
+        if spec is None or self.runner.draft is None:
+            return DecodePlan(Decision(False, reason="no spec"), [], 1)
+        ctx = PolicyContext(self.step_id, len(decode), spec.num_steps, spec.topk,
+                            spec.num_draft_tokens or spec.num_steps + 1,
+                            context_tokens=sum(r.kv_len for r in decode) // len(decode),
+                            draft_state="warm" if self.warm() else "cold")
+        d = spec.policy.decide(ctx)  # type: ignore[union-attr]
+        if not d.speculate:
+            return DecodePlan(d, [], 1)
+        return DecodePlan(d, [r for r in decode if r.draft.capable and self.out.room(r) > 1],
+                          d.num_draft_tokens)
+
+    def warm(self) -> bool:
+        """Does a step that does not speculate extend the draft now? (``draft_state``)"""
+        spec = self.spec
+        if spec is None:
+            return False
+        if spec.draft_state == "auto":
+            return self.plain_streak < AUTO_WARM_STEPS
+        return spec.draft_state == "warm"
+
+    def extend(self, reqs: list[Request], speculating: bool) -> list[Request]:
+        """The one extend rule (module docstring); returns the requests it extended."""
+        spec = self.spec
+        if not speculating:
+            if spec is None or not reqs or not self.warm():
+                return []
+            if spec.draft_state == "auto":
+                cap = spec.catchup_window or AUTO_CATCHUP_ROWS
+                reqs = [r for r in reqs if r.kv_len - r.draft.len <= cap]
+        return self._draft_extend(reqs)
+
+    def _draft_extend(self, reqs: list[Request]) -> list[Request]:
+        todo = []
+        for r in reqs:
+            d = r.draft
+            if d.len == r.kv_len:
+                continue
+            if d.pending_feats is None or d.pending_rows != r.kv_len - d.len:
+                d.capable = False  # features were not kept (spec toggled off): plain only
+                continue
+            todo.append(r)
+        if not todo:
+            return []
+        faults.check("step:extend")
+        logits, out, ends, q_lens = self.runner.draft_extend(todo)
+        for i, r in enumerate(todo):
+            r.draft.logits = logits[i]
+            r.draft.hidden = out[ends[i]]
+            r.draft.consumed(r.kv_len)
+        if self.trace.enabled:  # after the state it describes (tracer.py: hook policy)
+            self.trace.emit(ev.DraftExtended(
+                t=time.perf_counter(), step=self.step_id, rids=[r.rid for r in todo],
+                rows=q_lens, holes=[[[s, e] for s, e in r.draft.holes] for r in todo]))
+        return todo
+
+    # -- prefill ------------------------------------------------------------------------------
+    def prefill(self, chunks: list[tuple[Request, int, int]],
+                outputs: dict[int, StepOutput]) -> None:
+        faults.check("step:prefill")
+        t0 = time.perf_counter()
+        reqs = [c[0] for c in chunks]
+        runner, out = self.runner, self.out
+        batch = runner.prefill_batch(chunks, runner.draft is not None and
+                                     any(r.draft.capable for r in reqs))
+        hidden, aux = runner.forward(batch)
+        offs = 0
+        done: list[Request] = []
+        for r, s, e in chunks:
+            n = e - s
+            rows = hidden[offs : offs + n]
+            if r.logprobs is not None and r.logprobs.start is not None:
+                out.add_input_logprobs(r, s, e, rows, runner.logits)
+            if aux is not None and r.draft.capable:
+                r.draft.keep_feats(aux[offs : offs + n])
+            r.draft.capable = aux is not None and r.draft.capable
+            r.kv_len = e
+            offs += n
+            if not r.in_prefill:
+                done.append(r)
+                if r.sample_after_prefill:
+                    self._sample_first(r, runner.logits(rows[n - 1 :]), outputs)
+        self.extend([r for r in done if r.draft.capable and not r.finished], speculating=False)
+        if self.trace.enabled:
+            self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
+                                       num_tokens=batch.num_tokens,
+                                       chunked=any(r.in_prefill for r in reqs),
+                                       seconds=time.perf_counter() - t0))
+
+    def _sample_first(self, r: Request, logits: torch.Tensor,
+                      outputs: dict[int, StepOutput]) -> None:
+        if self.out.bad_logits(r, logits, outputs):
+            return
+        errors: dict[int, str] = {}
+        tok = int(sample_rows(logits, [r.sampling], [r.generator], errors)[0])
+        if errors:
+            self.out.fail_request(r, f"request {r.rid}: {errors[0]}", outputs)
+            return
+        self.out.append_tokens(r, [tok], [False], outputs)
+        if r.logprobs is not None:
+            self.out.add_output_logprobs(r, logits)
+
+    # -- plain decode --------------------------------------------------------------------------
+    def plain(self, reqs: list[Request], outputs: dict[int, StepOutput], phases: Phases) -> None:
+        """One decode forward over ``reqs`` (KV room reserved by the scheduler)."""
+        runner, out = self.runner, self.out
+        t = time.perf_counter()
+        want_aux = self.spec is not None and runner.draft is not None and \
+            any(r.draft.capable for r in reqs)
+        hidden, aux = runner.forward(runner.decode_batch(reqs, want_aux))
+        logits = runner.logits(hidden)
+        faults.check("step:sampler")
+        errors: dict[int, str] = {}
+        toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs],
+                           errors)
+        for i, msg in errors.items():
+            out.row_errors[reqs[i].rid] = msg  # bad_logits below fails that request alone
+        phases["decode"] = phases.get("decode", 0.0) + _ms(t)
+        t = time.perf_counter()
+        warm = []
+        # a cold draft keeps only the latest catchup_window features (bounded catch-up); the
+        # holes that leaves need a draft attention backend taking any slot list
+        da = runner.draft_attn
+        window = None if self.warm() or self.spec is None or da is None or \
+            not da.arbitrary_slots else self.spec.catchup_window
+        for i, r in enumerate(reqs):
+            if out.bad_logits(r, logits[i : i + 1], outputs):
+                continue
+            r.kv_len += 1
+            r.metrics.plain_steps += 1
+            if aux is not None and r.draft.capable:
+                r.draft.keep_feats(aux[i : i + 1], window)
+                warm.append(r)
+            r.draft.capable = aux is not None and r.draft.capable  # spec off: no features kept
+            out.append_tokens(r, [int(toks[i])], [False], outputs)
+            if r.logprobs is not None:
+                out.add_output_logprobs(r, logits[i : i + 1])
+        phases["commit"] = phases.get("commit", 0.0) + _ms(t)
+        t = time.perf_counter()
+        self.extend([r for r in warm if not r.finished], speculating=False)
+        phases["extend"] = phases.get("extend", 0.0) + _ms(t)
+
+    # -- speculative decode ------------------------------------------------------------------
+    def speculate(self, reqs: list[Request], d: Decision, outputs: dict[int, StepOutput],
+                  phases: Phases) -> tuple[list[Request], list[int]]:
+        """Returns the requests that speculated and their accepted draft tokens (bonus
+        excluded), for the policy's online acceptance estimates."""
+        runner = self.runner
+        t = time.perf_counter()
+        # 1. Cold drafts catch up over the tokens they missed while speculation was off.
+        self.extend(reqs, speculating=True)
+        phases["catchup"] = _ms(t)
+        reqs = [r for r in reqs if r.draft.capable and r.draft.logits is not None]
+        if not reqs:
+            phases["draft"] = _ms(t)
+            return [], []
+        # 2. Draft: build every request's tree.
+        faults.check("step:draft")
+        tree = self._draft(reqs, d)
+        phases["draft"] = _ms(t)
+        # 3. Verify: one target forward over all trees (ragged, tree masks).
+        t = time.perf_counter()
+        faults.check("step:verify")
+        b, n = len(reqs), tree.num_nodes
+        hidden, aux = runner.forward(runner.verify_batch(reqs, tree))
+        logits = runner.logits(hidden).view(b, n, -1)
+        phases["verify"] = _ms(t)
+        # 4. Accept.
+        t = time.perf_counter()
+        faults.check("step:accept")
+        res = self._accept(reqs, tree, logits)
+        phases["accept"] = _ms(t)
+        # 5. Commit: move every accepted path's KV to consecutive positions, then per request
+        # emit its TreeBuilt/Verified, then advance it. A fatal hook raising on request i's
+        # events leaves requests before i committed and i onwards untouched (their moved rows
+        # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
+        t = time.perf_counter()
+        faults.check("step:commit")
+        assert aux is not None
+        keep = self._commit(reqs, tree, res, logits, aux.view(b, n, -1), outputs)
+        phases["commit"] = _ms(t)
+        # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
+        t = time.perf_counter()
+        self.extend(keep, speculating=True)
+        phases["extend"] = _ms(t)
+        return reqs, res.accept_len.tolist()
+
+    def _draft(self, reqs: list[Request], d: Decision) -> DraftTree:
+        runner = self.runner
+        assert runner.draft is not None and runner.pool is not None
+        dev = runner.device
+        on_step = self._trace_draft_step(reqs) if self.trace.enabled else None
+        return draft_tree(
+            runner.draft, torch.stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
+            torch.stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
+            torch.tensor([r.tokens[-1] for r in reqs], device=dev),
+            torch.tensor([r.kv_len for r in reqs], device=dev),
+            [runner.draft_slots(r, r.draft.len) for r in reqs], runner.pool.dk,
+            runner.pool.dv, d.num_steps, d.topk, d.num_draft_tokens, on_step,
+            self._score_temperatures(reqs))
+
+    def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
+                logits: torch.Tensor, aux: torch.Tensor,
+                outputs: dict[int, StepOutput]) -> list[Request]:
+        """Compact the accepted paths' KV, emit their tokens; returns the requests still
+        running (their drafts extend next)."""
+        pool, out = self.runner.pool, self.out
+        assert pool is not None
+        n = tree.num_nodes
+        src, dst = [], []
+        ok: list[tuple[int, Request, int, torch.Tensor]] = []
+        for i, r in enumerate(reqs):
+            if out.bad_logits(r, logits[i], outputs):
+                continue
+            m = int(res.accept_len[i])
+            path = res.accept_index[i, : m + 1]
+            slots = pool.slots(r.blocks, r.kv_len, r.kv_len + n)
+            rows = path.to(slots.device)
+            ident = torch.arange(m + 1, device=slots.device)
+            moved = rows != ident
+            if bool(moved.any()):
+                src.append(slots[rows[moved]])
+                dst.append(slots[ident[moved]])
+            ok.append((i, r, m, path))
+        if src:
+            pool.compact(torch.cat(src), torch.cat(dst))
+        keep: list[Request] = []
+        for i, r, m, path in ok:
+            new = tree.tokens[i, path[1:]].tolist() + [int(res.bonus[i])]
+            if self.trace.enabled:
+                self._trace_verify(r, tree, i, res, logits[i], new)
+            self._record_accept(r, m, n - 1)
+            r.kv_len += m + 1
+            r.draft.keep_feats(aux[i, path])
+            out.append_tokens(r, new, [True] * m + [False], outputs)
+            if r.logprobs is not None:  # the verify logits along the accepted path
+                out.add_output_logprobs(r, logits[i, path])
+            if not r.finished:
+                pool.trim(r.blocks, r.kv_len + 1)
+                keep.append(r)
+        return keep
+
+    def _score_temperatures(self, reqs: list[Request]) -> torch.Tensor | None:
+        """Greedy requests rank tree nodes with the head's calibration temperature (the draft
+        is trained to the target's distribution, greedy verification accepts its argmax: a
+        sharper score puts deep likely nodes before shallow unlikely ones); sampled ones 1."""
+        assert self.runner.draft is not None
+        t = self.runner.draft.config.greedy_score_temperature
+        if t == 1.0:
+            return None
+        return torch.tensor([t if r.sampling.greedy else 1.0 for r in reqs],
+                            device=self.runner.device)
+
+    def _accept(self, reqs: list[Request], tree: DraftTree,
+                logits: torch.Tensor) -> VerifyResult:
+        spec = self.spec
+        assert spec is not None
+        dev = logits.device
+        if spec.simulate_accept_length is not None:
+            a = spec.simulate_accept_length - 1.0
+            lo = int(a)
+            acc = torch.tensor([lo + (1 if torch.rand(()) < a - lo else 0) for _ in reqs],
+                               device=dev)
+            return simulated_verify(tree, logits, acc)
+        greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
+        if len(greedy) == len(reqs):
+            return greedy_verify(tree, logits)
+        b, n = tree.tokens.shape
+        logits = logits.float()
+        probs = torch.zeros_like(logits)
+        # the coins come from each request's own (host) generator, then move once
+        coins = torch.zeros(b, n, device="cpu")
+        final_u = torch.zeros(b, device="cpu")
+        for i, r in enumerate(reqs):
+            if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
+                probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
+            else:
+                row = process_probs(logits[i], r.sampling)
+                if not valid_distribution(row):  # the commit fails this request alone
+                    self.out.row_errors[r.rid] = ("sampling: no valid distribution at "
+                                                  f"position {r.kv_len} (non-finite logits)")
+                    row = torch.zeros_like(row).scatter_(
+                        -1, logits[i].argmax(-1, keepdim=True), 1.0)
+                probs[i] = row
+                coins[i] = torch.rand(n, generator=r.generator)
+                final_u[i] = torch.rand((), generator=r.generator)
+        return sample_verify(tree, probs, coins.to(dev), final_u.to(dev))
+
+    def _record_accept(self, r: Request, m: int, drafted: int) -> None:
+        met = r.metrics
+        met.verify_ct += 1
+        met.accept_lengths.append(m + 1)
+        met.drafted_tokens += drafted
+        count_depths(met.accepted_per_depth, m)
+        self.stats.record_verify(m, drafted)
+
+    # -- tracing helpers (only called when a tracer or hook is active) -------------------------
+    def _trace_draft_step(self, reqs: list[Request]) -> Callable[..., None]:
+        rids = [r.rid for r in reqs]
+
+        def on_step(depth: int, tokens: torch.Tensor, probs: torch.Tensor,
+                    parents: torch.Tensor) -> None:
+            self.trace.emit(ev.DraftStep(t=time.perf_counter(), step=self.step_id, rids=rids,
+                                         depth=depth, tokens=tokens.tolist(),
+                                         probs=probs.tolist(), parents=parents.tolist()))
+        return on_step
+
+    def _trace_verify(self, r: Request, tree: DraftTree, i: int, res: VerifyResult,
+                      logits: torch.Tensor, new: list[int]) -> None:
+        now = time.perf_counter()
+        self.trace.emit(ev.TreeBuilt(t=now, step=self.step_id, rid=r.rid,
+                                     tokens=tree.tokens[i].tolist(),
+                                     parents=tree.parents[i].tolist(),
+                                     depth=tree.depth[i].tolist(),
+                                     scores=tree.scores[i].tolist(),
+                                     draft_probs=tree.draft_probs[i].tolist()))
+        probs = torch.softmax(logits, -1)
+        par = tree.parents[i].clamp(min=0)
+        tp = probs[par, tree.tokens[i]]
+        tp[0] = 1.0
+        m = int(res.accept_len[i])
+        self.trace.emit(ev.Verified(t=now, step=self.step_id, rid=r.rid,
+                                    target_tokens=res.target_tokens[i].tolist(),
+                                    target_probs=tp.tolist(),
+                                    accepted_path=res.accept_index[i, : m + 1].tolist(),
+                                    accepted_tokens=new, accept_length=len(new),
+                                    bonus_token=int(res.bonus[i])))
+
+
+def count_depths(counts: list[int], accepted: int) -> None:
+    """counts[d] += 1 for every accepted depth d < ``accepted`` (growing the list as needed)."""
+    counts.extend([0] * (accepted - len(counts)))
+    for depth in range(accepted):
+        counts[depth] += 1
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
