@@ -57,9 +57,10 @@ def page_table(kv_slots: list[torch.Tensor], page_size: int
         pages.append(first // page_size)
         counts.append(int(first.numel()))
         last.append((n - 1) % page_size + 1)
-    indptr = torch.zeros(len(kv_slots) + 1, dtype=torch.int32)
-    indptr[1:] = torch.tensor(counts).cumsum(0)
-    return indptr, torch.cat(pages).to(torch.int32), torch.tensor(last, dtype=torch.int32)
+    indptr = torch.zeros(len(kv_slots) + 1, dtype=torch.int32, device="cpu")
+    indptr[1:] = torch.tensor(counts, device="cpu").cumsum(0)
+    last_len = torch.tensor(last, dtype=torch.int32, device="cpu")
+    return indptr, torch.cat(pages).to(torch.int32), last_len
 
 
 def flat_custom_mask(q_lens: list[int], kv_lens: list[int],
@@ -116,12 +117,12 @@ class FlashInferAttention:
         """Plan and run each kernel once on page 0 (reads only), so an unsupported head dim,
         dtype or GPU fails at the attention_backend init stage, not on the first request."""
         q = torch.zeros(1, self.h, self.head_dim, dtype=self.dtype, device=self.device)
-        slots = [torch.zeros(1, dtype=torch.int64)]
+        slots = [torch.zeros(1, dtype=torch.int64, device="cpu")]
         self._plan(slots, [1], None)  # decode
         self._run_kernel(0, q)
         self._plan(slots, [1], None, force_prefill=True)  # causal prefill
         self._run_kernel(0, q)
-        self._plan(slots, [1], [torch.ones(1, 1, dtype=torch.bool)])  # custom mask
+        self._plan(slots, [1], [torch.ones(1, 1, dtype=torch.bool, device="cpu")])  # custom mask
         self._run_kernel(0, q)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -148,8 +149,8 @@ class FlashInferAttention:
                               self.page_size, pos_encoding_mode="NONE", **common)
             self._wrapper, self.mode = self._decode, "decode"
             return
-        qo_indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
-        qo_indptr[1:] = torch.tensor(q_lens).cumsum(0)
+        qo_indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int32, device="cpu")
+        qo_indptr[1:] = torch.tensor(q_lens, device="cpu").cumsum(0)
         if not tree:
             self._prefill.plan(qo_indptr, indptr, indices, last, self.h, self.kv_heads,
                                self.head_dim, self.page_size, causal=True, **common)

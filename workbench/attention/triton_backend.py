@@ -79,12 +79,12 @@ def block_mask(q_lens: list[int], kv_lens: list[int],
     """(B, lq, lk) bool: row i of request b sees its prefix [0, kv_b - q_b) and, over its new
     tokens, either its tree mask (ancestors and itself) or the causal triangle. Rows >= q_b and
     columns >= kv_b are False (no kernel reads them)."""
-    mask = torch.zeros(len(q_lens), lq, lk, dtype=torch.bool)
+    mask = torch.zeros(len(q_lens), lq, lk, dtype=torch.bool, device="cpu")
     for b, (q, n) in enumerate(zip(q_lens, kv_lens, strict=True)):
         pre = n - q
         mask[b, :q, :pre] = True
         tm = tree_masks[b] if tree_masks is not None else None
-        mask[b, :q, pre:n] = torch.ones(q, q, dtype=torch.bool).tril() if tm is None \
+        mask[b, :q, pre:n] = torch.ones(q, q, dtype=torch.bool, device="cpu").tril() if tm is None \
             else tm.to(device="cpu", dtype=torch.bool)
     return mask
 
@@ -97,11 +97,11 @@ def ragged_plan(write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[tor
     lk, lq = max(kv_lens), max(q_lens)
     kv_indices = torch.stack([F.pad(s.to("cpu", torch.int64), (0, lk - n))
                               for s, n in zip(kv_slots, kv_lens, strict=True)])
-    qo_indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
-    qo_indptr[1:] = torch.tensor(q_lens).cumsum(0)
+    qo_indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int64, device="cpu")
+    qo_indptr[1:] = torch.tensor(q_lens, device="cpu").cumsum(0)
     mask = block_mask(q_lens, kv_lens, tree_masks, lq, lk) if has_tree(tree_masks) else None
     return RaggedPlan(write_slots.to("cpu", torch.int64), qo_indptr, kv_indices,
-                      torch.tensor(kv_lens, dtype=torch.int64), mask, list(q_lens), lq)
+                      torch.tensor(kv_lens, dtype=torch.int64, device="cpu"), mask, list(q_lens), lq)
 
 
 def pad_rows(n_real: int, batch: int, q_len: int) -> torch.Tensor:
@@ -111,7 +111,7 @@ def pad_rows(n_real: int, batch: int, q_len: int) -> torch.Tensor:
     K/V writes then go to request 0's slots with request 0's values (``run`` gathers K/V through
     this index before the scatter), so duplicate slots in one index_copy_ carry identical bits
     and the pool ends up exactly as without padding."""
-    rows = torch.arange(batch * q_len).view(batch, q_len)
+    rows = torch.arange(batch * q_len, device="cpu").view(batch, q_len)
     rows[n_real:] = rows[0]
     return rows.flatten()
 

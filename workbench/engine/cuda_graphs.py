@@ -190,10 +190,10 @@ class GraphRunner:
     def _dummy(self, g: BucketGraph) -> None:
         """Valid inputs for warm-up/capture: every row is one request at positions [0, q)."""
         q = g.q_len
-        slots = torch.arange(q, dtype=torch.int64)
+        slots = torch.arange(q, dtype=torch.int64, device="cpu")  # host, as every plan
         masks: list[torch.Tensor | None] | None = \
-            [torch.ones(q, q, dtype=torch.bool).tril()] if q > 1 else None
-        self._stage(g, torch.zeros(q, dtype=torch.int64), slots.clone(),
+            [torch.ones(q, q, dtype=torch.bool, device="cpu").tril()] if q > 1 else None
+        self._stage(g, torch.zeros(q, dtype=torch.int64, device="cpu"), slots.clone(),
                     ragged_plan(slots, [q], [slots], masks))
 
     @torch.inference_mode()

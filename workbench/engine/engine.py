@@ -22,17 +22,16 @@ import torch
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
+from workbench.engine import driver
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.output import OutputProcessor, hold_back_stops
-from workbench.engine.prompts import Prompt, tokenize
+from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
 from workbench.engine.runner import ModelRunner
-from workbench.engine.sampler import make_generator
-from workbench.engine.scheduler import ScheduledBatch, Scheduler
+from workbench.engine.scheduler import Scheduler
 from workbench.engine.stats import EngineStats
 from workbench.engine.worker import EagleWorker
 from workbench.errors import ConfigError, EngineInitError, RequestError
 from workbench.models.config import ModelConfig
-from workbench.speculative.policy import Decision
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 
@@ -102,8 +101,8 @@ class Engine:
             ("allocate_kv", self._stage_allocate_kv),
             ("attention_backend", lambda: r.attention_backend(self.model_config)),  # type: ignore
             ("draft_attention_backend", r.draft_attention_backend),
-            ("cuda_graphs", self._stage_cuda_graphs),
-            ("compile", self._stage_compile),
+            ("cuda_graphs", lambda: r.cuda_graphs(self)),
+            ("compile", lambda: r.compile(self)),
             ("self_check", self._stage_self_check),
         ]
         for name, fn in stages:
@@ -173,26 +172,6 @@ class Engine:
         # (it would wait forever): cap its context at the pool's capacity ("length" finish).
         self.out.max_model_len = min(self.out.max_model_len, pool.num_blocks * pool.page_size)
 
-    def _stage_cuda_graphs(self) -> str:
-        """CUDA: capture decode graphs (engine/cuda_graphs.py). CPU or cuda_graphs=False: skipped
-        (status "ok", detail "skipped: ..."); the engine then runs every forward eagerly."""
-        if self.runner.device.type != "cuda":
-            return "skipped: not a CUDA device"
-        if not self.config.cuda_graphs:
-            return "skipped: EngineConfig.cuda_graphs=False"
-        from workbench.engine import cuda_graphs
-
-        self.runner.graphs = g = cuda_graphs.capture(self)
-        return f"captured {len(g.graphs)} graphs ({g.attention} attention)"
-
-    def _stage_compile(self) -> str:
-        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
-        (engine/compiled.py). A compile that fails or overruns its budget leaves the engine
-        eager, named in the detail; the self-check below then runs through whichever path won."""
-        from workbench.engine import compiled
-
-        return compiled.compile_stage(self)
-
     def _stage_self_check(self) -> None:
         if not self.config.self_check:
             return
@@ -241,29 +220,12 @@ class Engine:
         """Queue one request; returns its id. Invalid input raises RequestError (nothing queued).
         ``logprobs``: return log-probabilities too (:class:`~workbench.core.LogprobParams`)."""
         self._check_open()
-        sp = sampling or SamplingParams()
-        if not isinstance(sp, SamplingParams):
-            raise RequestError(f"sampling: expected SamplingParams, got {type(sp).__name__}")
-        if logprobs is not None and not isinstance(logprobs, LogprobParams):
-            raise RequestError(f"logprobs: expected LogprobParams, got "
-                               f"{type(logprobs).__name__}")
+        sp = check_params(sampling, logprobs)
         ids = self.tokenize(prompt)
-        if logprobs is not None and logprobs.start is not None and logprobs.start > len(ids):
-            raise RequestError(f"logprob_start_len: {logprobs.start} is beyond the prompt "
-                               f"({len(ids)} tokens)")
-        if len(ids) >= self.max_model_len:
-            raise RequestError(f"prompt: {len(ids)} tokens does not fit the context "
-                               f"(max_model_len {self.max_model_len})")
         assert self.pool is not None and self.scheduler is not None
-        capacity = self.pool.num_blocks * self.pool.page_size
-        if len(ids) + 1 > capacity:
-            raise RequestError(f"prompt: {len(ids)} tokens exceeds the KV pool ({capacity} tokens)")
+        check_prompt(ids, logprobs, self.max_model_len, self.pool.num_blocks * self.pool.page_size)
         rid = next(self._rids)
-        req = Request(rid=rid, prompt_ids=ids, sampling=sp, logprobs=logprobs)
-        if logprobs is not None and logprobs.start == 0 and ids:
-            req.input_logprobs.append(None)  # the first prompt token has no context
-            req.input_top_logprobs.append(None)
-        req.generator = make_generator(sp, fallback_seed=rid)
+        req = new_request(rid, ids, sp, logprobs)
         req.draft.capable = self.spec is not None
         self.requests[rid] = req
         self.scheduler.add(req)
@@ -331,77 +293,12 @@ class Engine:
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None,
                  spec: SpecConfig | None = None, progress: bool = False) -> list[RequestOutput]:
         """Run prompts to completion (continuous batching) and return outputs in order."""
-        self._check_open()
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
-                                        isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
-            raise RequestError(f"prompts: expected a prompt or a list of prompts, got "
-                               f"{type(prompts).__name__}")
-        plist = list(prompts)
-        for i, p in enumerate(plist):  # before anything is queued: all or nothing
-            if not isinstance(p, (str, Sequence)) or isinstance(p, (bytes, bytearray)):
-                raise RequestError(f"prompts[{i}]: expected text, token ids or chat messages, "
-                                   f"got {type(p).__name__}")
-        sps = list(sampling) if isinstance(sampling, Sequence) else [sampling] * len(plist)
-        if len(sps) != len(plist):
-            raise RequestError(f"sampling: {len(sps)} params for {len(plist)} prompts")
-        previous = self.spec
-        self.set_spec(spec)
-        rids: list[int] = []
-        try:
-            for p, s in zip(plist, sps, strict=True):
-                rids.append(self.add_request(p, s))
-            bar = None
-            if progress:
-                from tqdm.auto import tqdm
-
-                bar = tqdm(total=len(rids), desc="generate", unit="req")
-            pending = set(rids)
-            while pending:
-                self.step()
-                # by state, not by step outputs: a request aborted outside a step has none
-                done = {r for r in pending if self.requests[r].finished}
-                pending -= done
-                if bar is not None:
-                    bar.update(len(done))
-            if bar is not None:
-                bar.close()
-            return [self.output(r) for r in rids]
-        finally:
-            for r in rids:  # a bad prompt, a step fault or Ctrl-C leaves no request behind
-                self.abort(r)
-            self.spec = previous
+        return driver.generate(self, prompts, sampling, spec, progress)
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None,
                spec: SpecConfig | None = None) -> Iterator[str]:
         """Yield text deltas as tokens are produced (drives the engine itself)."""
-        previous = self.spec
-        self.set_spec(spec)
-        try:
-            rid = self.add_request(prompt, sampling)
-        except BaseException:
-            self.spec = previous  # a refused prompt leaves the engine's spec as it was
-            raise
-        text = ""
-        try:
-            while True:
-                self.step()
-                req = self.requests[rid]
-                if self.tokenizer is not None:
-                    full = self.text_of(req)
-                    if not req.finished:  # a partial stop string may still complete
-                        full = hold_back_stops(full, req.sampling.stop)
-                    if not full.endswith("\ufffd") and len(full) > len(text):
-                        yield full[len(text):]
-                        text = full
-                if req.finished:
-                    if req.error:
-                        raise RequestError(req.error)
-                    return
-        finally:
-            self.abort(rid)
-            self.spec = previous
+        return driver.stream(self, prompt, sampling, spec)
 
     def close(self) -> None:
         """Free every allocation; idempotent; the engine refuses work afterwards."""
@@ -472,12 +369,11 @@ class Engine:
         return failed
 
     def _step(self, outputs: dict[int, StepOutput]) -> None:
-        """schedule (+ policy + KV) → prefill → [draft → verify → accept → commit → extend]
-        for the speculating requests → one plain decode forward for the rest → account."""
+        """schedule (policy decision, KV room) → prefill → [draft → verify → accept → commit →
+        draft extend] for the speculating requests → a plain decode for the rest → account."""
         assert self.scheduler is not None
         t_start = time.perf_counter()
         self.step_id += 1
-        self.out.row_errors.clear()
         self.worker.begin_step(self.spec, self.step_id)
         faults.check("step:schedule")
         batch = self.scheduler.plan_step(self.worker.plan)
@@ -490,58 +386,13 @@ class Engine:
             self.stats.steps["prefill"] += bool(batch.prefill)
             return
         # phases are contiguous: "schedule" runs from the step's start to the decode work
-        # (scheduling, policy decision, KV room); prefill is timed on its own
         phases["schedule"] = _ms(t_start) - phases.get("prefill", 0.0)
-        ran: list[Request] = []
-        accepted: list[int] = []
-        if batch.speculate:
-            ran, accepted = self.worker.speculate(batch.speculate, batch.decision, outputs,
-                                                  phases)
-        done = {id(r) for r in ran}  # everything else (policy off, draft not ready) decodes
-        plain = [r for r in batch.decode if id(r) not in done and batch.runs(r)
-                 and not r.finished]
+        ran, accepted = self.worker.speculate(batch.speculate, batch.decision, outputs,
+                                              phases) if batch.speculate else ([], [])
+        plain = batch.plain_after(ran)  # policy off, no room for a tree, draft not ready
         if plain:
             self.worker.plain(plain, outputs, phases)
-        self._end_step(batch, "spec" if ran else "plain", accepted, phases, _ms(t_start))
-
-    def _end_step(self, batch: ScheduledBatch, mode: str, accepted: list[int],
-                  phases: dict[str, float], total: float) -> None:
-        """Count the step, let the policy learn its cost, trace it."""
-        decision = batch.decision
-        assert decision is not None
-        self.worker.plain_streak = 0 if mode == "spec" else self.worker.plain_streak + 1
-        self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
-        if self.spec is not None:
-            if decision.speculate and mode != "spec":  # nobody could speculate: say so
-                decision = Decision(False, reason=f"{decision.reason}; ran plain")
-            # the policy learns the step's own cost: prefill and a cold draft's one-off
-            # catch-up (bounded by catchup_window; in the trace's draft_ms) are left out
-            self.spec.policy.observe(  # type: ignore[union-attr]
-                decision, total - phases.get("prefill", 0.0) - phases.get("catchup", 0.0),
-                accepted)
-        if self.trace.enabled:
-            self._trace_step(decision, len(batch.decode), mode, phases, total)
-
-    def _trace_step(self, d: Decision, batch: int, mode: str, phases: dict[str, float],
-                    total: float) -> None:
-        now = time.perf_counter()
-        self.trace.emit(ev.PolicyDecision(t=now, step=self.step_id, batch_size=batch,
-                                          decode_batch=batch, speculate=d.speculate,
-                                          num_steps=d.num_steps, topk=d.topk,
-                                          num_draft_tokens=d.num_draft_tokens, reason=d.reason,
-                                          predicted_ms=d.predicted_ms, measured_ms=total))
-        self.trace.emit(ev.StepTiming(
-            t=now, step=self.step_id, batch_size=batch, mode=mode,
-            schedule_ms=phases.get("schedule", 0.0) + phases.get("prefill", 0.0),
-            draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
-            accept_ms=phases.get("accept", 0.0), commit_ms=phases.get("commit", 0.0),
-            extend_ms=phases.get("extend", 0.0) + phases.get("decode", 0.0), total_ms=total))
-        assert self.pool is not None and self.scheduler is not None
-        # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every
-        # request not yet released, so summing over it would grow with the engine's lifetime
-        self.trace.emit(ev.KVUsage(t=now, step=self.step_id, used_blocks=self.pool.used_blocks,
-                                   total_blocks=self.pool.num_blocks,
-                                   used_tokens=sum(r.kv_len for r in self.scheduler.running)))
+        self.worker.end_step(batch, "spec" if ran else "plain", accepted, phases, _ms(t_start))
 
 
 def _ms(t0: float) -> float:

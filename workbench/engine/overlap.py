@@ -64,7 +64,7 @@ class Overlap:
             return
         self.stream = torch.cuda.Stream(self.device)
         # Two pinned slabs used in turn: a slab is refilled only after its last copy finished.
-        self._slabs = [torch.empty(slab_bytes, dtype=torch.uint8, pin_memory=True)
+        self._slabs = [torch.empty(slab_bytes, dtype=torch.uint8, device="cpu", pin_memory=True)
                        for _ in range(2)]
         self._done: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
@@ -88,7 +88,7 @@ class Overlap:
         need = packed_bytes([s for _, s in copies])
         if need > self._slabs[i].numel():
             self._slabs[i] = torch.empty(max(need, 2 * self._slabs[i].numel()),
-                                         dtype=torch.uint8, pin_memory=True)
+                                         dtype=torch.uint8, device="cpu", pin_memory=True)
         views = pack([s.to("cpu") for _, s in copies], self._slabs[i])
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)

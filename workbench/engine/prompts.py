@@ -1,10 +1,13 @@
-"""Prompts → token ids (text, token ids or chat messages), with errors that name the field."""
+"""Prompts → token ids (text, token ids or chat messages) → requests; errors name the field."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from workbench.config import SamplingParams
+from workbench.core import LogprobParams, Request
+from workbench.engine.sampler import make_generator
 from workbench.errors import RequestError
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
@@ -41,3 +44,58 @@ def tokenize(tokenizer: Any, vocab_size: int, prompt: Prompt, field: str = "prom
         if not 0 <= t < vocab_size:
             raise RequestError(f"{field}: token id {t} outside the vocabulary [0, {vocab_size})")
     return items
+
+
+def check_params(sampling: object, logprobs: object) -> SamplingParams:
+    """The request's sampling parameters (default ones for None), type-checked with its
+    log-probability parameters."""
+    sp = sampling or SamplingParams()
+    if not isinstance(sp, SamplingParams):
+        raise RequestError(f"sampling: expected SamplingParams, got {type(sp).__name__}")
+    if logprobs is not None and not isinstance(logprobs, LogprobParams):
+        raise RequestError(f"logprobs: expected LogprobParams, got {type(logprobs).__name__}")
+    return sp
+
+
+def check_prompt(ids: list[int], logprobs: LogprobParams | None, max_model_len: int,
+                 capacity: int) -> None:
+    """A prompt the engine can run: inside the context and the KV pool (``capacity`` tokens)."""
+    if logprobs is not None and logprobs.start is not None and logprobs.start > len(ids):
+        raise RequestError(f"logprob_start_len: {logprobs.start} is beyond the prompt "
+                           f"({len(ids)} tokens)")
+    if len(ids) >= max_model_len:
+        raise RequestError(f"prompt: {len(ids)} tokens does not fit the context "
+                           f"(max_model_len {max_model_len})")
+    if len(ids) + 1 > capacity:
+        raise RequestError(f"prompt: {len(ids)} tokens exceeds the KV pool ({capacity} tokens)")
+
+
+def new_request(rid: int, ids: list[int], sp: SamplingParams,
+                logprobs: LogprobParams | None) -> Request:
+    req = Request(rid=rid, prompt_ids=ids, sampling=sp, logprobs=logprobs)
+    if logprobs is not None and logprobs.start == 0 and ids:
+        req.input_logprobs.append(None)  # the first prompt token has no context
+        req.input_top_logprobs.append(None)
+    req.generator = make_generator(sp, fallback_seed=rid)
+    return req
+
+
+def prompt_batch(prompts: Prompt | Sequence[Prompt],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None
+                 ) -> tuple[list[Prompt], list[SamplingParams | None]]:
+    """``Engine.generate``'s arguments as one prompt list and one sampling list (checked)."""
+    if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
+                                    isinstance(prompts[0], int)):
+        prompts = [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
+        raise RequestError(f"prompts: expected a prompt or a list of prompts, got "
+                           f"{type(prompts).__name__}")
+    plist = list(prompts)
+    for i, p in enumerate(plist):
+        if not isinstance(p, (str, Sequence)) or isinstance(p, (bytes, bytearray)):
+            raise RequestError(f"prompts[{i}]: expected text, token ids or chat messages, "
+                               f"got {type(p).__name__}")
+    sps = list(sampling) if isinstance(sampling, Sequence) else [sampling] * len(plist)
+    if len(sps) != len(plist):
+        raise RequestError(f"sampling: {len(sps)} params for {len(plist)} prompts")
+    return plist, sps  # type: ignore[return-value]

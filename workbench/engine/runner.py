@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -104,6 +105,26 @@ class ModelRunner:
                                                  self.pool.dv,
                                                  self.draft.config.num_attention_heads,
                                                  self.pool.page_size)
+
+    def cuda_graphs(self, engine: Any) -> str:
+        """CUDA: capture decode graphs (engine/cuda_graphs.py). CPU or cuda_graphs=False: skipped
+        (status "ok", detail "skipped: ..."); the engine then runs every forward eagerly."""
+        if self.device.type != "cuda":
+            return "skipped: not a CUDA device"
+        if not self.config.cuda_graphs:
+            return "skipped: EngineConfig.cuda_graphs=False"
+        from workbench.engine import cuda_graphs
+
+        self.graphs = g = cuda_graphs.capture(engine)
+        return f"captured {len(g.graphs)} graphs ({g.attention} attention)"
+
+    def compile(self, engine: Any) -> str:
+        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
+        (engine/compiled.py). A compile that fails or overruns its budget leaves the engine
+        eager, named in the detail; the self-check then runs through whichever path won."""
+        from workbench.engine import compiled
+
+        return compiled.compile_stage(engine)
 
     def drop_draft(self) -> None:
         """The configured fallback after a draft stage failed: a baseline runner."""

@@ -46,9 +46,12 @@ class ScheduledBatch:
     plain: list[Request]
     decision: Decision | None  # None: no decode batch this step
 
-    def runs(self, r: Request) -> bool:
-        """Does ``r`` decode this step (it was not preempted making room)?"""
-        return r.status is Status.RUNNING and not r.in_prefill
+    def plain_after(self, speculated: list[Request]) -> list[Request]:
+        """The decode requests that did not speculate and still decode plainly this step (not
+        preempted making room, not finished), in running order."""
+        done = {id(r) for r in speculated}
+        return [r for r in self.decode if id(r) not in done and r.status is Status.RUNNING
+                and not r.in_prefill]
 
 
 class Scheduler:

@@ -26,7 +26,7 @@ from workbench.core import DraftTree, Request, StepOutput, VerifyResult
 from workbench.engine.output import OutputProcessor
 from workbench.engine.runner import ModelRunner
 from workbench.engine.sampler import process_probs, sample_rows, valid_distribution
-from workbench.engine.scheduler import DecodePlan
+from workbench.engine.scheduler import DecodePlan, ScheduledBatch
 from workbench.engine.stats import EngineStats
 from workbench.speculative.drafter import draft_tree
 from workbench.speculative.policy import Decision, PolicyContext
@@ -54,6 +54,7 @@ class EagleWorker:
 
     def begin_step(self, spec: SpecConfig | None, step_id: int) -> None:
         self.spec, self.step_id = spec, step_id
+        self.out.row_errors.clear()
 
     # -- the policy and the extend rule ------------------------------------------------------
     def plan(self, decode: list[Request]) -> DecodePlan:
@@ -321,7 +322,8 @@ class EagleWorker:
         if spec.simulate_accept_length is not None:
             a = spec.simulate_accept_length - 1.0
             lo = int(a)
-            acc = torch.tensor([lo + (1 if torch.rand(()) < a - lo else 0) for _ in reqs],
+            acc = torch.tensor([lo + (1 if torch.rand((), device="cpu") < a - lo else 0)
+                                for _ in reqs],
                                device=dev)
             return simulated_verify(tree, logits, acc)
         greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
@@ -344,8 +346,8 @@ class EagleWorker:
                     row = torch.zeros_like(row).scatter_(
                         -1, logits[i].argmax(-1, keepdim=True), 1.0)
                 probs[i] = row
-                coins[i] = torch.rand(n, generator=r.generator)
-                final_u[i] = torch.rand((), generator=r.generator)
+                coins[i] = torch.rand(n, generator=r.generator, device="cpu")
+                final_u[i] = torch.rand((), generator=r.generator, device="cpu")
         return sample_verify(tree, probs, coins.to(dev), final_u.to(dev))
 
     def _record_accept(self, r: Request, m: int, drafted: int) -> None:
@@ -355,6 +357,47 @@ class EagleWorker:
         met.drafted_tokens += drafted
         count_depths(met.accepted_per_depth, m)
         self.stats.record_verify(m, drafted)
+
+    # -- the step's accounting -----------------------------------------------------------------
+    def end_step(self, batch: ScheduledBatch, mode: str, accepted: list[int],
+                  phases: dict[str, float], total: float) -> None:
+        """Count the step, let the policy learn its cost, trace it."""
+        decision = batch.decision
+        assert decision is not None
+        self.plain_streak = 0 if mode == "spec" else self.plain_streak + 1
+        self.stats.steps[mode] = self.stats.steps.get(mode, 0) + 1
+        if self.spec is not None:
+            if decision.speculate and mode != "spec":  # nobody could speculate: say so
+                decision = Decision(False, reason=f"{decision.reason}; ran plain")
+            # the policy learns the step's own cost: prefill and a cold draft's one-off
+            # catch-up (bounded by catchup_window; in the trace's draft_ms) are left out
+            self.spec.policy.observe(  # type: ignore[union-attr]
+                decision, total - phases.get("prefill", 0.0) - phases.get("catchup", 0.0),
+                accepted)
+        if self.trace.enabled:
+            self._trace_step(decision, len(batch.decode), mode, phases, total)
+
+    def _trace_step(self, d: Decision, batch: int, mode: str, phases: dict[str, float],
+                    total: float) -> None:
+        now = time.perf_counter()
+        self.trace.emit(ev.PolicyDecision(t=now, step=self.step_id, batch_size=batch,
+                                          decode_batch=batch, speculate=d.speculate,
+                                          num_steps=d.num_steps, topk=d.topk,
+                                          num_draft_tokens=d.num_draft_tokens, reason=d.reason,
+                                          predicted_ms=d.predicted_ms, measured_ms=total))
+        self.trace.emit(ev.StepTiming(
+            t=now, step=self.step_id, batch_size=batch, mode=mode,
+            schedule_ms=phases.get("schedule", 0.0) + phases.get("prefill", 0.0),
+            draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
+            accept_ms=phases.get("accept", 0.0), commit_ms=phases.get("commit", 0.0),
+            extend_ms=phases.get("extend", 0.0) + phases.get("decode", 0.0), total_ms=total))
+        pool, sched = self.runner.pool, self.out.scheduler
+        assert pool is not None and sched is not None
+        # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every
+        # request not yet released, so summing over it would grow with the engine's lifetime
+        self.trace.emit(ev.KVUsage(t=now, step=self.step_id, used_blocks=pool.used_blocks,
+                                   total_blocks=pool.num_blocks,
+                                   used_tokens=sum(r.kv_len for r in sched.running)))
 
     # -- tracing helpers (only called when a tracer or hook is active) -------------------------
     def _trace_draft_step(self, reqs: list[Request]) -> Callable[..., None]:
