@@ -100,8 +100,9 @@ def ragged_plan(write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[tor
     qo_indptr = torch.zeros(len(q_lens) + 1, dtype=torch.int64, device="cpu")
     qo_indptr[1:] = torch.tensor(q_lens, device="cpu").cumsum(0)
     mask = block_mask(q_lens, kv_lens, tree_masks, lq, lk) if has_tree(tree_masks) else None
-    return RaggedPlan(write_slots.to("cpu", torch.int64), qo_indptr, kv_indices,
-                      torch.tensor(kv_lens, dtype=torch.int64, device="cpu"), mask, list(q_lens), lq)
+    lens = torch.tensor(kv_lens, dtype=torch.int64, device="cpu")
+    return RaggedPlan(write_slots.to("cpu", torch.int64), qo_indptr, kv_indices, lens, mask,
+                      list(q_lens), lq)
 
 
 def pad_rows(n_real: int, batch: int, q_len: int) -> torch.Tensor:
