@@ -387,10 +387,11 @@ class EagleWorker:
                                           predicted_ms=d.predicted_ms, measured_ms=total))
         self.trace.emit(ev.StepTiming(
             t=now, step=self.step_id, batch_size=batch, mode=mode,
-            schedule_ms=phases.get("schedule", 0.0) + phases.get("prefill", 0.0),
+            schedule_ms=phases.get("schedule", 0.0), prefill_ms=phases.get("prefill", 0.0),
             draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
-            accept_ms=phases.get("accept", 0.0), commit_ms=phases.get("commit", 0.0),
-            extend_ms=phases.get("extend", 0.0) + phases.get("decode", 0.0), total_ms=total))
+            decode_ms=phases.get("decode", 0.0), accept_ms=phases.get("accept", 0.0),
+            commit_ms=phases.get("commit", 0.0), extend_ms=phases.get("extend", 0.0),
+            total_ms=total))
         pool, sched = self.runner.pool, self.out.scheduler
         assert pool is not None and sched is not None
         # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every

@@ -175,14 +175,23 @@ class PolicyDecision(Event):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StepTiming(Event):
-    """Wall time of each phase of one step, in milliseconds (DESIGN.md §4 order)."""
+    """Wall time of each phase of one step, in milliseconds (DESIGN.md §4 order). Contiguous:
+    they sum to ``total_ms`` up to the few statements between timers.
+
+    ``schedule``: admission, the policy decision and every KV reservation; ``prefill``: the
+    step's prompt chunks (their first tokens and draft extends included); ``draft``: a cold
+    draft's catch-up and the tree; ``verify``: the tree forward; ``decode``: the plain decode
+    forward and its sampling; ``accept``; ``commit``: KV compaction and token appends (both
+    kinds); ``extend``: draft extends after the commit / plain decode."""
 
     step: int
     batch_size: int
     mode: StepMode
     schedule_ms: float = 0.0
+    prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    decode_ms: float = 0.0
     accept_ms: float = 0.0
     commit_ms: float = 0.0
     extend_ms: float = 0.0

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 E = TypeVar("E", bound=Event)
 
-TIMING_PHASES = ("schedule", "draft", "verify", "accept", "commit", "extend")
+TIMING_PHASES = ("schedule", "prefill", "draft", "verify", "decode", "accept", "commit", "extend")
 
 
 def _cols(names: str) -> tuple[str, ...]:

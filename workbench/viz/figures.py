@@ -55,8 +55,9 @@ TARGET = "#1f77b4"  # produced by the target (bonus / plain decode)
 ROOT = "#444444"
 SPEC = "#2ca02c"
 PLAIN = "#7f7f7f"
-PHASE_COLORS = {"schedule": "#bcbd22", "draft": "#ff7f0e", "verify": "#1f77b4",
-                "accept": "#9467bd", "commit": "#8c564b", "extend": "#17becf"}
+PHASE_COLORS = {"schedule": "#bcbd22", "prefill": "#7f7f7f", "draft": "#ff7f0e",
+                "verify": "#1f77b4", "decode": "#2ca02c", "accept": "#9467bd",
+                "commit": "#8c564b", "extend": "#17becf"}
 ARM_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
               "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -353,8 +354,8 @@ def phase_timeline(timing_df: pd.DataFrame, width: int = WIDTH,
                    height: int = HEIGHT) -> go.Figure:
     """Stacked milliseconds per step and phase (one bar trace per phase, DESIGN.md §4 order).
 
-    Accepts ``frame("timing")`` (wide) or ``frame("timing_long")``. In plain steps the engine
-    books the one decode forward under ``extend``, hence its legend ``extend / plain decode``.
+    Accepts ``frame("timing")`` (wide) or ``frame("timing_long")``. Plain steps book their
+    decode forward under ``decode``, prefill chunks run in a step under ``prefill``.
     """
     if "phase" in timing_df.columns:
         _require(timing_df, ("step", "phase", "ms", "mode"), "phase_timeline")
@@ -370,8 +371,7 @@ def phase_timeline(timing_df: pd.DataFrame, width: int = WIDTH,
         if p not in wide.columns:
             continue
         fig.add_trace(go.Bar(x=wide["step"], y=wide[p],
-                             name="extend / plain decode" if p == "extend" else p,
-                             marker_color=PHASE_COLORS[p], customdata=wide["mode"],
+                             name=p, marker_color=PHASE_COLORS[p], customdata=wide["mode"],
                              hovertemplate="step %{x} (%{customdata})<br>" + p +
                                            " %{y:.2f} ms<extra></extra>"))
     fig.update_xaxes(title="engine step")
@@ -900,8 +900,7 @@ def phase_breakdown(timing_df: pd.DataFrame, width: int = WIDTH,
     for p in TIMING_PHASES:
         ys = means[f"{p}_ms"].tolist()
         fig.add_trace(go.Bar(y=[f"{m} ({counts[m]} steps)" for m in modes], x=ys,
-                             orientation="h", name="extend / plain decode" if p == "extend"
-                             else p, marker_color=PHASE_COLORS[p],
+                             orientation="h", name=p, marker_color=PHASE_COLORS[p],
                              text=[f"{v:.1f}" if v >= 0.05 * max(means.sum(axis=1)) else ""
                                    for v in ys], textposition="inside",
                              hovertemplate="%{y}: " + p + " %{x:.2f} ms<extra></extra>"))
