@@ -180,6 +180,12 @@ class SamplingParams:
         return cls(**d)
 
 
+def max_draft_tokens(num_steps: int, topk: int) -> int:
+    """The most tree nodes a draft of ``num_steps`` expansions of the top-``topk`` frontier can
+    offer, root included: k children per step, k·s + 1 (SpecConfig and policy shapes)."""
+    return topk * num_steps + 1
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """EAGLE-3 settings: S draft steps (tree depth), top-K branching, N verified nodes.
@@ -227,9 +233,9 @@ class SpecConfig:
         if k == 1 and n != s + 1:
             raise ConfigError(f"SpecConfig.num_draft_tokens: topk=1 (chain) forces "
                               f"num_draft_tokens = num_steps + 1 = {s + 1}, got {n}")
-        if n > k * (s - 1) + k + 1:
-            raise ConfigError(f"SpecConfig.num_draft_tokens: {n} > topk·(num_steps−1)+topk+1 = "
-                              f"{k * (s - 1) + k + 1}")
+        if n > max_draft_tokens(s, k):
+            raise ConfigError(f"SpecConfig.num_draft_tokens: {n} > topk·num_steps+1 = "
+                              f"{max_draft_tokens(s, k)}")
         if self.draft_state not in ("warm", "cold", "auto"):
             raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold/auto")
         w = self.catchup_window

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from workbench.config import max_draft_tokens
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -89,8 +90,9 @@ def check_shape(shape: Sequence[int], where: str) -> Shape:
     if k == 1 and n != s + 1:
         raise ConfigError(f"{where}: topk=1 (chain) forces num_draft_tokens = num_steps + 1 = "
                           f"{s + 1}, got {n}")
-    if n > k * s + 1:
-        raise ConfigError(f"{where}: num_draft_tokens {n} > topk·num_steps+1 = {k * s + 1}")
+    if n > max_draft_tokens(s, k):
+        raise ConfigError(f"{where}: num_draft_tokens {n} > topk·num_steps+1 = "
+                          f"{max_draft_tokens(s, k)}")
     return (s, k, n)
 
 
