@@ -151,7 +151,7 @@ def ragged_batch(pool: KVPool, blocks: list[list[int]], starts: list[int], ends:
                  gen: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int],
                                                 torch.Tensor, torch.Tensor]:
     """Request i's new tokens at positions [starts[i], ends[i]): write slots, kv slots, q_lens,
-    random tokens and positions, as ``Engine._target_forward`` lays them out."""
+    random tokens and positions, as ``ModelRunner.forward`` lays them out."""
     write, kv = [], []
     for blk, s, e in zip(blocks, starts, ends, strict=True):
         sl = pool.slots(blk, 0, e)

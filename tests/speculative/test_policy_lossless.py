@@ -235,8 +235,8 @@ def test_catchup_window_holes_equal_baseline(engine: wb.Engine, window: int,
 
 
 def test_keep_feats_window_trims_into_holes() -> None:
-    """Trimming keeps the newest rows, moves draft_len past the dropped ones and merges
-    adjacent holes; pending always covers exactly [draft_len, kv_len)."""
+    """Trimming keeps the newest rows, moves DraftState.len past the dropped ones and merges
+    adjacent holes; pending always covers exactly [DraftState.len, kv_len)."""
     import torch
 
     from workbench.core import DraftState
