@@ -43,7 +43,7 @@ def tokenize(tokenizer: Any, vocab_size: int, prompt: Prompt, field: str = "prom
             raise RequestError(f"{field}: token ids must be integers, got {t!r}")
         if not 0 <= t < vocab_size:
             raise RequestError(f"{field}: token id {t} outside the vocabulary [0, {vocab_size})")
-    return items
+    return items  # type: ignore[return-value]  # every item checked to be an int above
 
 
 def check_params(sampling: object, logprobs: object) -> SamplingParams:
@@ -86,7 +86,7 @@ def prompt_batch(prompts: Prompt | Sequence[Prompt],
     """``Engine.generate``'s arguments as one prompt list and one sampling list (checked)."""
     if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and
                                     isinstance(prompts[0], int)):
-        prompts = [prompts]  # type: ignore[list-item]
+        prompts = [prompts]  # type: ignore[list-item,assignment]
     if not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
         raise RequestError(f"prompts: expected a prompt or a list of prompts, got "
                            f"{type(prompts).__name__}")

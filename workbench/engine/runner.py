@@ -203,7 +203,9 @@ class ModelRunner:
         each request's last row index, rows per request)."""
         assert self.draft is not None and self.draft_attn is not None
         dev = self.device
-        toks, pos, feats, write, kv, q_lens = [], [], [], [], [], []
+        toks, pos, write, kv = [], [], [], []
+        feats: list[torch.Tensor] = []
+        q_lens: list[int] = []
         for r in reqs:
             s, e = r.draft.len, r.kv_len
             toks.append(torch.tensor(r.tokens[s + 1 : e + 1], device=dev))

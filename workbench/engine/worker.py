@@ -250,7 +250,9 @@ class EagleWorker:
 
     def _draft(self, reqs: list[Request], d: Decision) -> DraftTree:
         runner = self.runner
-        assert runner.draft is not None and runner.pool is not None
+        pool = runner.pool
+        assert runner.draft is not None and pool is not None
+        assert pool.dk is not None and pool.dv is not None
         dev = runner.device
         on_step = self._trace_draft_step(reqs) if self.trace.enabled else None
         return draft_tree(
@@ -258,9 +260,8 @@ class EagleWorker:
             torch.stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
             torch.tensor([r.tokens[-1] for r in reqs], device=dev),
             torch.tensor([r.kv_len for r in reqs], device=dev),
-            [runner.draft_slots(r, r.draft.len) for r in reqs], runner.pool.dk,
-            runner.pool.dv, d.num_steps, d.topk, d.num_draft_tokens, on_step,
-            self._score_temperatures(reqs))
+            [runner.draft_slots(r, r.draft.len) for r in reqs], pool.dk, pool.dv, d.num_steps,
+            d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
 
     def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
                 logits: torch.Tensor, aux: torch.Tensor,
