@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workbench.engine.attention import PagedAttention
+from workbench.attention.paged import PagedAttention
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
 from workbench.models.llama import LlamaForCausalLM, Rotary, init_weights, rolled_rope_tables
