@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,30 @@ def _arm_engines(ns: argparse.Namespace, engine: Any, arms: dict[str, Any],
     return engines
 
 
+def _sweep(ns: argparse.Namespace, prompts: list[str], levels: tuple[int, ...],
+           arms: Callable[[Any], dict[str, Any]], *, need_draft: bool,
+           name: str) -> tuple[Any, dict[str, Any]]:
+    """One concurrency sweep: a reference engine, one engine per arm (``_arm_engines``), every
+    engine closed afterwards. ``arms(engine)`` names the arms. Returns the frame and the
+    reference engine's measured choices."""
+    from workbench.bench.concurrency import run_concurrency
+
+    engine = _engine(ns, need_draft=need_draft, max_batch=max(levels))
+    engines: dict[str, Any] = {}
+    try:
+        choices = _choices(engine)
+        arm_map = arms(engine)
+        engines = _arm_engines(ns, engine, arm_map, prompts, levels)
+        df = run_concurrency(engine, prompts, levels=levels, arms=arm_map,
+                             max_new_tokens=_max_new(ns), out=ns.out, name=name,
+                             repeats=_repeats(ns), engines=engines or None)
+    finally:
+        engine.close()
+        for e in engines.values():
+            e.close()
+    return df, choices
+
+
 def bench_concurrency(ns: argparse.Namespace) -> int:
     levels = _levels(ns)  # flag errors first, whichever path
     if ns.url:
@@ -295,26 +320,15 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     from workbench.bench.concurrency import (
         default_arms,
         find_threshold,
-        run_concurrency,
         summarize,
         switch_costs,
     )
 
     shape = _spec(ns)
     prompts = _prompts(ns)
-    engine = _engine(ns, need_draft=False, max_batch=max(levels))
-    engines: dict[str, Any] = {}
-    try:
-        choices = _choices(engine)
-        arms = default_arms(engine, spec=shape, flips=True)
-        engines = _arm_engines(ns, engine, arms, prompts, levels)
-        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
-                             max_new_tokens=_max_new(ns), out=ns.out,
-                             repeats=_repeats(ns), engines=engines or None)
-    finally:
-        engine.close()
-        for e in engines.values():
-            e.close()
+    df, choices = _sweep(ns, prompts, levels,
+                         lambda engine: default_arms(engine, spec=shape, flips=True),
+                         need_draft=False, name="concurrency")
     cols = ["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "vs_baseline",
             "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms",
             "itl_p99_ms", "tau", "spec_share", "lossless", "flags"]
@@ -403,24 +417,13 @@ def bench_threshold(ns: argparse.Namespace) -> int:
 
         sweep_threshold(ns.url, _prompts(ns), _levels(ns), _max_new(ns), ns.out)
         return 0
-    from workbench.bench.concurrency import find_threshold, run_concurrency
+    from workbench.bench.concurrency import find_threshold
 
     levels = _levels(ns)
     shape = _spec(ns)
     prompts = _prompts(ns)
-    engine = _engine(ns, need_draft=True, max_batch=max(levels))
-    engines: dict[str, Any] = {}
-    try:
-        choices = _choices(engine)
-        arms = {"baseline": None, "eagle3": shape}
-        engines = _arm_engines(ns, engine, arms, prompts, levels)
-        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
-                             max_new_tokens=_max_new(ns), out=ns.out, name="threshold",
-                             repeats=_repeats(ns), engines=engines or None)
-    finally:
-        engine.close()
-        for e in engines.values():
-            e.close()
+    df, choices = _sweep(ns, prompts, levels, lambda _: {"baseline": None, "eagle3": shape},
+                         need_draft=True, name="threshold")
     flags = _saved_flags(df)
     th = find_threshold(df)
     _show("baseline vs eagle3 output tok/s by concurrency", th.table)
@@ -473,7 +476,7 @@ def bench_k0(ns: argparse.Namespace) -> int:
     """K=0 tax of the *default* SpecConfig: ``BatchThreshold(0)`` (a speculative engine that
     never drafts) vs the baseline, side by side (interleaved), per concurrency level; the same
     with ``draft_state="warm"`` for comparison. Goal: ≤ 2 % at every level with the default."""
-    from workbench.bench.concurrency import run_concurrency, summarize
+    from workbench.bench.concurrency import summarize
     from workbench.config import SpecConfig
     from workbench.speculative.policy import BatchThreshold
 
@@ -486,18 +489,7 @@ def bench_k0(ns: argparse.Namespace) -> int:
         f"k0 default ({default_state})": dataclasses.replace(shape, policy=BatchThreshold(0)),
         "k0 warm": dataclasses.replace(shape, policy=BatchThreshold(0), draft_state="warm"),
     }
-    engine = _engine(ns, need_draft=True, max_batch=max(levels))
-    engines: dict[str, Any] = {}
-    try:
-        choices = _choices(engine)
-        engines = _arm_engines(ns, engine, arms, prompts, levels)
-        df = run_concurrency(engine, prompts, levels=levels, arms=arms,
-                             max_new_tokens=_max_new(ns), out=ns.out, name="k0_tax",
-                             repeats=_repeats(ns), engines=engines or None)
-    finally:
-        engine.close()
-        for e in engines.values():
-            e.close()
+    df, choices = _sweep(ns, prompts, levels, lambda _: arms, need_draft=True, name="k0_tax")
     flags = _saved_flags(df)
     s = summarize(df)
     s["k0_tax_pct"] = 100.0 * (1.0 - s["vs_baseline"])
