@@ -24,6 +24,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+# server.py (imported above) already turns a missing serve extra into a clear ImportError
+from fastapi import FastAPI, Request  # noqa: E402
+from fastapi.responses import Response, StreamingResponse  # noqa: E402
+
 from workbench.core import LogprobParams, RequestOutput
 from workbench.serve.loop import Chunk, Ticket
 from workbench.serve.protocol import (
@@ -36,13 +40,6 @@ from workbench.serve.protocol import (
     sse,
 )
 from workbench.serve.server import _check_failed, _disconnected, _public
-
-try:
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response, StreamingResponse
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("the server needs the serve extra: pip install -e '.[serve]' "
-                      f"(fastapi, uvicorn, httpx): {e}") from e
 
 
 class _Choice:
