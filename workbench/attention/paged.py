@@ -37,6 +37,9 @@ class PagedAttention:
         self.is_causal = False
         self.span_k: torch.Tensor | None = None  # (L, 1, Hkv, Lk, hd) views of the pool
         self.span_v: torch.Tensor | None = None
+        self.run_k: torch.Tensor | None = None  # (L, T, Hkv, hd) views: the new tokens' slots
+        self.run_v: torch.Tensor | None = None
+        self._tril: dict[int, torch.Tensor] = {}  # causal (q, q) blocks by q
 
     def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
              tree_masks: list[torch.Tensor | None] | None = None) -> None:
@@ -50,16 +53,22 @@ class PagedAttention:
         self.q_shape = (b, lq)
         uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
         # One request whose slots are one run (the allocator hands out ascending blocks, so a
-        # lone stream usually has them): attend to a view of the pool, no gather at all.
-        self.span_k = self.span_v = None
+        # lone stream usually has them): attend to a view of the pool, no gather at all, and
+        # write the new tokens' K/V through a view too (a strided copy: ~1.5 µs per layer less
+        # than index_copy_ at T=1). Every layer's views are made once here, per forward.
+        self.span_k = self.span_v = self.run_k = self.run_v = None
         if b == 1 and lk > 1 and bool((kv_slots[0].diff() == 1).all()):
-            lo = int(kv_slots[0][0])  # every layer's (1, Hkv, Lk, hd) view, once per forward
+            lo = int(kv_slots[0][0])
             self.span_k = self.k_pool[:, lo : lo + lk].unsqueeze(1).transpose(2, 3)
             self.span_v = self.v_pool[:, lo : lo + lk].unsqueeze(1).transpose(2, 3)
-        self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
-            [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
-        self.kv_index = self.kv_index.to(dev)
-        self.kv_flat = self.kv_index.flatten()
+            w0 = lo + lk - lq  # the new tokens are the last q of the request's slots
+            self.run_k = self.k_pool[:, w0 : w0 + lq]
+            self.run_v = self.v_pool[:, w0 : w0 + lq]
+        else:
+            self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
+                [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
+            self.kv_index = self.kv_index.to(dev)
+            self.kv_flat = self.kv_index.flatten()
         self.q_index = None if uniform else torch.cat(
             [torch.arange(q, device=dev) + i * lq for i, q in enumerate(q_lens)])
         has_tree = tree_masks is not None and any(m is not None for m in tree_masks)
@@ -78,23 +87,33 @@ class PagedAttention:
             pre = n - q
             mask[i, :q, :pre] = True
             tm = tree_masks[i] if tree_masks is not None else None
-            if tm is None:
-                mask[i, :q, pre:n] = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
-            else:
-                mask[i, :q, pre:n] = tm
+            mask[i, :q, pre:n] = self._causal(q) if tm is None else tm
             if q < lq:  # padded query rows attend to one key so softmax stays finite
                 mask[i, q:, 0] = True
-        self.mask = mask.unsqueeze(1)  # (B, 1, Lq, Lk)
+        # Additive float mask (0 / -inf), built once per forward: SDPA turns a bool mask into
+        # exactly this on every call (so the outputs are bit-identical), ~3 µs per layer at
+        # T=16 (measured on the 2-core EPYC: 58 vs 61 µs per verify-shaped call).
+        add = torch.zeros(b, 1, lq, lk, dtype=self.k_pool.dtype, device=dev)
+        self.mask = add.masked_fill_(~mask.unsqueeze(1), float("-inf"))  # (B, 1, Lq, Lk)
+
+    def _causal(self, q: int) -> torch.Tensor:
+        t = self._tril.get(q)
+        if t is None:
+            t = self._tril[q] = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        return t
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (T, H, hd), k/v (T, Hkv, hd) → (T, H, hd)."""
-        kp, vp = self.k_pool[layer], self.v_pool[layer]
-        kp.index_copy_(0, self.write_slots, k)
-        vp.index_copy_(0, self.write_slots, v)
         b, lq = self.q_shape
         if self.span_k is not None and self.span_v is not None:  # one request, one run of slots
+            assert self.run_k is not None and self.run_v is not None
+            self.run_k[layer].copy_(k)
+            self.run_v[layer].copy_(v)
             kk, vv = self.span_k[layer], self.span_v[layer]
         else:  # index_select: a row memcpy gather, ~2× faster than advanced indexing here
+            kp, vp = self.k_pool[layer], self.v_pool[layer]
+            kp.index_copy_(0, self.write_slots, k)
+            vp.index_copy_(0, self.write_slots, v)
             shape = (*self.kv_index.shape, *kp.shape[1:])
             kk = kp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)  # (B, Hkv, Lk, hd)
             vv = vp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)
