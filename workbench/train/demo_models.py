@@ -99,23 +99,27 @@ def _recipe() -> dict[str, Any]:
 @contextmanager
 def quiet_progress() -> Iterator[None]:
     """Silence the trainers' tqdm bars and transformers' weight-loading bars for the block
-    (a notebook would show a progress widget for each). The trainers import ``tqdm`` by name;
-    this swaps in a disabled one.
+    (a notebook would show a progress widget for each). The trainer modules that show bars
+    import ``tqdm`` by name; this swaps in a disabled one in each.
     """
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
-    from workbench.train import eagle3, target
+    from workbench.train import target
+    from workbench.train.eagle3 import data, trainer
 
     quiet = functools.partial(tqdm, disable=True)
-    saved = target.tqdm, eagle3.tqdm
+    modules = (target, data, trainer)
+    saved = [m.tqdm for m in modules]
     hf_bars = hf_logging.is_progress_bar_enabled()
-    target.tqdm = eagle3.tqdm = quiet  # type: ignore[assignment]
+    for m in modules:
+        m.tqdm = quiet  # type: ignore[attr-defined]
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        target.tqdm, eagle3.tqdm = saved  # type: ignore[assignment]
+        for m, bar in zip(modules, saved, strict=True):
+            m.tqdm = bar  # type: ignore[attr-defined]
         if hf_bars:
             hf_logging.enable_progress_bar()
 

@@ -8,7 +8,6 @@ folder that both ``workbench`` and ``transformers.AutoModelForCausalLM`` load.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.llama import LlamaForCausalLM, init_weights
 from workbench.train.corpus import split_corpus
+from workbench.train.loop import lr_at, save_checkpoint
 
 EOS = "<|endoftext|>"
 
@@ -96,13 +96,6 @@ def batches(data: np.ndarray, cfg: TargetTrainConfig, gen: torch.Generator) -> t
     starts = torch.randint(0, len(data) - cfg.seq_len - 1, (cfg.batch,), generator=gen)
     return torch.stack([torch.from_numpy(data[s : s + cfg.seq_len + 1].astype(np.int64))
                         for s in starts.tolist()])
-
-
-def lr_at(step: int, cfg: TargetTrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
 @torch.no_grad()
@@ -211,11 +204,9 @@ def train_target(cfg: TargetTrainConfig) -> dict[str, object]:
         bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{step * tokens_per_step / train_seconds:.0f}")
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             history.append({"step": step, "train_loss": ema, "seconds": train_seconds})
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                        "gen": gen.get_state(), "step": step, "history": history,
-                        "seconds": train_seconds, "config": asdict(cfg)}, tmp)
-            tmp.replace(ckpt)
+            save_checkpoint(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                   "gen": gen.get_state(), "step": step, "history": history,
+                                   "seconds": train_seconds, "config": asdict(cfg)})
     bar.close()
     held_loss, train_loss = evaluate(model, held, cfg), evaluate(model, train, cfg)
     save_hf_folder(model, tok, Path(cfg.out), mcfg)

@@ -1,0 +1,78 @@
+"""``DraftTrainConfig``: every setting of an EAGLE-3 draft training run, validated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.errors import ConfigError
+
+# A checkpoint made with other values of these fields cannot be continued.
+RESUME_FIELDS = ("target", "corpus", "draft_vocab_size", "heads", "kv_heads", "head_dim",
+                 "intermediate", "regenerate")
+
+
+@dataclass(frozen=True)
+class DraftTrainConfig:
+    """Everything ``train_draft`` needs; 0 for heads/kv_heads/head_dim/intermediate: target's."""
+
+    target: str = "data/models/wb-target"
+    out: str = "data/models/wb-eagle3"
+    work: str = "data/work/eagle3"
+    corpus: str = ""  # empty: the running interpreter's standard library (as the target's)
+    draft_vocab_size: int = 2048
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    steps: int = 600
+    batch: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 0.0
+    ttt_steps: int = 7
+    step_decay: float = 0.8
+    init_from_target: bool = True  # start norm/lm_head from the target's final norm/unembedding
+    regenerate: bool = True  # also train on the target's own continuations of corpus prompts
+    regen_sequences: int = 512  # generated windows of seq_len tokens (prompt included)
+    regen_prompt_len: int = 32
+    regen_temperature: float = 0.7
+    regen_greedy_frac: float = 0.5  # this share greedy, the rest sampled at regen_temperature
+    regen_mix: float = 0.5  # share of each batch drawn from the regenerated windows
+    regen_batch: int = 32
+    eval_batches: int = 4
+    seed: int = 0
+    ckpt_every: int = 50
+    threads: int = 0  # 0: torch default
+
+    def __post_init__(self) -> None:
+        for f in ("draft_vocab_size", "steps", "batch", "seq_len", "ckpt_every", "eval_batches",
+                  "regen_batch", "regen_prompt_len"):
+            if getattr(self, f) <= 0:
+                raise ConfigError(f"{f}: must be > 0, got {getattr(self, f)}")
+        for f in ("heads", "kv_heads", "head_dim", "intermediate", "warmup", "threads",
+                  "regen_sequences"):
+            if getattr(self, f) < 0:
+                raise ConfigError(f"{f}: must be >= 0 (0: default), got {getattr(self, f)}")
+        if self.ttt_steps < 5:
+            raise ConfigError(f"ttt_steps: must be >= 5 (the draft depth served), got "
+                              f"{self.ttt_steps}")
+        if self.seq_len < self.ttt_steps + 2:
+            raise ConfigError(f"seq_len: {self.seq_len} leaves no position for the last of "
+                              f"{self.ttt_steps} ttt_steps; need >= ttt_steps + 2")
+        if not 0.0 < self.step_decay <= 1.0:
+            raise ConfigError(f"step_decay: must be in (0, 1], got {self.step_decay}")
+        if not self.lr > 0.0 or self.weight_decay < 0.0:
+            raise ConfigError(f"lr/weight_decay: need lr > 0 and weight_decay >= 0, got "
+                              f"{self.lr}/{self.weight_decay}")
+        for f in ("regen_greedy_frac", "regen_mix"):
+            if not 0.0 <= getattr(self, f) <= 1.0:
+                raise ConfigError(f"{f}: must be in [0, 1], got {getattr(self, f)}")
+        if self.regen_temperature <= 0.0 and self.regen_greedy_frac < 1.0:
+            raise ConfigError(f"regen_temperature: must be > 0 when regen_greedy_frac < 1, got "
+                              f"{self.regen_temperature}")
+        if self.regenerate and self.regen_prompt_len >= self.seq_len:
+            raise ConfigError(f"regen_prompt_len: {self.regen_prompt_len} must be < seq_len "
+                              f"{self.seq_len} (the rest of each window is generated)")
+        if self.regenerate and self.regen_sequences == 0 and self.regen_mix > 0:
+            raise ConfigError("regen_sequences: 0 with regenerate=True and regen_mix > 0")

@@ -1,0 +1,151 @@
+"""Training data: the corpus as token arrays in the target's tokenizer, the target's own
+continuations (regenerated windows), both cached in ``work``; random training batches and fixed
+evaluation windows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from workbench.errors import ConfigError
+from workbench.models.config import ModelConfig
+from workbench.train.corpus import split_corpus
+from workbench.train.eagle3.config import DraftTrainConfig
+
+
+def _file_key(paths: list[Path]) -> str:
+    h = hashlib.sha1()
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return h.hexdigest()
+
+
+def corpus_tokens(cfg: DraftTrainConfig, folder: Path,
+                  mcfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Corpus train / held-out token arrays (files joined by EOS) in the target's tokenizer,
+    cached in ``work`` and keyed by tokenizer and corpus file list."""
+    from tokenizers import Tokenizer
+
+    tok_path = folder / "tokenizer.json"
+    if not tok_path.is_file():
+        raise ConfigError(f"target {str(folder)!r}: no tokenizer.json (needed to tokenize the "
+                          "corpus)")
+    split = split_corpus(cfg.corpus or None)
+    work = Path(cfg.work)
+    key = hashlib.sha1(tok_path.read_bytes()).hexdigest() + _file_key(
+        list(split.train + split.heldout))
+    meta = work / "corpus.json"
+    if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
+        return np.load(work / "corpus_train.npy"), np.load(work / "corpus_heldout.npy")
+    tok = Tokenizer.from_file(str(tok_path))
+    eos = mcfg.eos_token_id[:1]
+    dtype = np.uint16 if mcfg.vocab_size <= 65536 else np.int32
+    arrays = []
+    for which in ("train", "heldout"):
+        ids: list[int] = []
+        for enc in tok.encode_batch(split.read(which)):
+            ids.extend(enc.ids)
+            ids.extend(eos)
+        arrays.append(np.asarray(ids, dtype=dtype))
+    train, held = arrays
+    if min(len(train), len(held)) < cfg.seq_len + 1:
+        raise ConfigError(f"corpus {str(split.root)!r}: too little text ({len(train)} train / "
+                          f"{len(held)} held-out tokens) for seq_len {cfg.seq_len}")
+    work.mkdir(parents=True, exist_ok=True)
+    np.save(work / "corpus_train.npy", train)
+    np.save(work / "corpus_heldout.npy", held)
+    meta.write_text(json.dumps({"key": key, "root": str(split.root)}) + "\n")
+    return train, held
+
+
+@torch.no_grad()
+def generate_windows(folder: Path, source: np.ndarray, n: int, cfg: DraftTrainConfig,
+                     seed: int, desc: str) -> np.ndarray:
+    """The target's own continuations: (n, seq_len) windows = a regen_prompt_len prompt cut from
+    ``source`` + seq_len - regen_prompt_len generated tokens (HF ``generate`` with KV cache; EOS
+    does not stop it, as files in the corpus run on after EOS). The first regen_greedy_frac of the
+    rows are greedy, the rest sampled at regen_temperature (no top-k/top-p)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    plen, new = cfg.regen_prompt_len, cfg.seq_len - cfg.regen_prompt_len
+    starts = torch.randint(0, len(source) - plen, (n,), generator=gen).tolist()
+    prompts = np.stack([source[s : s + plen].astype(np.int64) for s in starts])
+    n_greedy = round(n * cfg.regen_greedy_frac)
+    rows = []
+    for lo in tqdm(range(0, n, cfg.regen_batch), desc=desc, unit="batch", leave=False):
+        hi = min(n, lo + cfg.regen_batch)
+        for a, b, greedy in ((lo, min(hi, n_greedy), True), (max(lo, n_greedy), hi, False)):
+            if a >= b:
+                continue
+            x = torch.from_numpy(prompts[a:b])
+            kw: dict[str, Any] = {"do_sample": False}
+            if not greedy:
+                torch.manual_seed(seed * 100_003 + a)  # HF sampling draws from the global RNG
+                kw = {"do_sample": True, "temperature": cfg.regen_temperature, "top_k": 0,
+                      "top_p": 1.0}
+            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                 max_new_tokens=new, eos_token_id=None, pad_token_id=0, **kw)
+            rows.append(out[:, : cfg.seq_len].numpy())
+    return np.concatenate(rows).astype(source.dtype)
+
+
+def regenerated(cfg: DraftTrainConfig, folder: Path, train: np.ndarray,
+                held: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Train and held-out regenerated windows (cached in ``work``) and the seconds spent."""
+    weights = sorted(folder.glob("*.safetensors"))
+    settings = {f: getattr(cfg, f) for f in ("seq_len", "regen_sequences", "regen_prompt_len",
+                                             "regen_temperature", "regen_greedy_frac",
+                                             "eval_batches", "batch", "seed")}
+    key = _file_key([folder / "config.json", *weights]) + json.dumps(settings, sort_keys=True)
+    work = Path(cfg.work)
+    meta = work / "regen.json"
+    if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
+        m = json.loads(meta.read_text())
+        return (np.load(work / "regen_train.npy"), np.load(work / "regen_heldout.npy"),
+                float(m["seconds"]))
+    t0 = time.perf_counter()
+    rt = generate_windows(folder, train, cfg.regen_sequences, cfg, cfg.seed, "regen-train")
+    rh = generate_windows(folder, held, cfg.eval_batches * cfg.batch, cfg, cfg.seed + 1,
+                          "regen-heldout")
+    seconds = time.perf_counter() - t0
+    work.mkdir(parents=True, exist_ok=True)
+    np.save(work / "regen_train.npy", rt)
+    np.save(work / "regen_heldout.npy", rh)
+    meta.write_text(json.dumps({"key": key, "seconds": seconds}) + "\n")
+    return rt, rh, seconds
+
+
+def sample_batch(corpus: np.ndarray, regen: np.ndarray | None, cfg: DraftTrainConfig,
+                 gen: torch.Generator) -> torch.Tensor:
+    """(batch, seq_len) int64: random corpus windows, the last round(batch·regen_mix) rows drawn
+    from the regenerated windows when there are any."""
+    n_regen = round(cfg.batch * cfg.regen_mix) if regen is not None and len(regen) else 0
+    starts = torch.randint(0, len(corpus) - cfg.seq_len + 1, (cfg.batch - n_regen,),
+                           generator=gen).tolist()
+    rows = [corpus[s : s + cfg.seq_len].astype(np.int64) for s in starts]
+    if n_regen:
+        assert regen is not None
+        picks = torch.randint(0, len(regen), (n_regen,), generator=gen).tolist()
+        rows += [regen[i].astype(np.int64) for i in picks]
+    return torch.from_numpy(np.stack(rows))
+
+
+def eval_windows(data: np.ndarray, cfg: DraftTrainConfig) -> np.ndarray:
+    """Fixed windows (deterministic): rows of a 2-D array, or evenly spaced windows of a 1-D one.
+    Shape: (eval_batches·batch or fewer, seq_len)."""
+    n = cfg.eval_batches * cfg.batch
+    if data.ndim == 2:
+        return data[:n]
+    n = min(n, max(1, len(data) // cfg.seq_len))
+    stride = max(1, (len(data) - cfg.seq_len) // n)
+    return np.stack([data[j * stride : j * stride + cfg.seq_len] for j in range(n)])

@@ -1,0 +1,151 @@
+"""``train_draft``: target and data, a fresh or resumed head, the training-time-test loop with
+checkpoints, evaluation, temperature calibration, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from workbench.errors import ConfigError
+from workbench.models.config import ModelConfig
+from workbench.models.llama import LlamaForCausalLM
+from workbench.models.loader import load_target, save_eagle3
+from workbench.train.eagle3.config import RESUME_FIELDS, DraftTrainConfig
+from workbench.train.eagle3.data import corpus_tokens, eval_windows, regenerated, sample_batch
+from workbench.train.eagle3.head import (
+    draft_config,
+    est_accept_length,
+    evaluate,
+    fit_greedy_temperature,
+    head_state,
+    new_draft,
+    trainable,
+)
+from workbench.train.eagle3.ttt import build_draft_vocab, target_features, ttt_forward
+from workbench.train.loop import lr_at, save_checkpoint
+
+
+def _load_target_checked(cfg: DraftTrainConfig) -> tuple[LlamaForCausalLM, ModelConfig, Path]:
+    try:
+        target, mcfg, folder = load_target(cfg.target, dtype="float32")
+    except ConfigError as e:
+        raise ConfigError(f"target {cfg.target!r}: {e}") from e
+    if cfg.draft_vocab_size > mcfg.vocab_size:
+        raise ConfigError(f"draft_vocab_size {cfg.draft_vocab_size} > target vocab_size "
+                          f"{mcfg.vocab_size} ({cfg.target})")
+    if cfg.seq_len > mcfg.max_position_embeddings:
+        raise ConfigError(f"seq_len {cfg.seq_len} > target max_position_embeddings "
+                          f"{mcfg.max_position_embeddings} ({cfg.target})")
+    return target, mcfg, folder
+
+
+def _check_resume(state: dict[str, Any], cfg: DraftTrainConfig, ckpt: Path) -> None:
+    old = state.get("config", {})
+    for f in RESUME_FIELDS:
+        if f in old and old[f] != getattr(cfg, f):
+            raise ConfigError(f"{f}: {ckpt} was made with {f}={old[f]!r}, now "
+                              f"{getattr(cfg, f)!r}; use another work folder or delete it")
+
+
+def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
+    """Train (or resume) a head for ``cfg.target`` and export it to ``cfg.out``. Returns the
+    summary also written to ``<out>/training_summary.json``."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    # 1. Target, features to tap, data (corpus + regenerated windows), draft vocabulary.
+    target, mcfg, folder = _load_target_checked(cfg)
+    aux = mcfg.aux_layer_ids()
+    train, held = corpus_tokens(cfg, folder, mcfg)
+    regen_train = regen_held = None
+    regen_seconds = 0.0
+    if cfg.regenerate and cfg.regen_sequences:
+        regen_train, regen_held, regen_seconds = regenerated(cfg, folder, train, held)
+    vocab_src = [train] + ([regen_train.ravel()] if regen_train is not None else [])
+    d2t, t2d = build_draft_vocab(vocab_src, mcfg.vocab_size, cfg.draft_vocab_size)
+    # 2. Head, optimizer, sampling generator; resume from the work checkpoint if present.
+    draft = new_draft(cfg, draft_config(cfg, mcfg, aux), target, d2t, t2d)
+    params = trainable(draft)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ckpt = Path(cfg.work) / "ckpt.pt"
+    step, history, seconds = 0, [], 0.0
+    if ckpt.exists():  # its d2t/t2d win: the vocabulary the head was trained with
+        state = torch.load(ckpt, weights_only=False)
+        _check_resume(state, cfg, ckpt)
+        missing, unexpected = draft.load_state_dict(state["model"], strict=False)
+        if unexpected or any(not k.startswith("embed.") for k in missing):
+            raise ConfigError(f"work: {ckpt} does not fit this head (missing "
+                              f"{missing[:3]}, unexpected {unexpected[:3]}); delete it")
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        step, history, seconds = state["step"], state["history"], state["seconds"]
+    tokens_per_step = cfg.batch * (cfg.seq_len - 1)
+    # 3. Train: one target forward, the unrolled TTT loss, one optimizer step.
+    bar = tqdm(total=cfg.steps, initial=step, desc="train-draft", unit="step")
+    start = (step, seconds)
+    window: list[tuple[float, list[float]]] = []
+    draft.train()
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        x = sample_batch(train, regen_train, cfg, gen)
+        logits, taps = target_features(target, x, aux)
+        loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        seconds += time.perf_counter() - t0
+        window.append((loss.item(), acc.tolist()))
+        bar.update(1)
+        run_tok_s = (step - start[0]) * tokens_per_step / max(seconds - start[1], 1e-9)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.3f}",
+                        tok_s=f"{run_tok_s:.0f}")  # the bar itself shows elapsed<ETA
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            history.append({"step": step, "loss": float(np.mean([w[0] for w in window])),
+                            "acc": np.mean([w[1] for w in window], axis=0).tolist(),
+                            "lr": lr_at(step - 1, cfg), "seconds": seconds})
+            window = []
+            save_checkpoint(ckpt, {"model": head_state(draft), "opt": opt.state_dict(),
+                                   "gen": gen.get_state(), "step": step, "history": history,
+                                   "seconds": seconds, "config": asdict(cfg)})
+    bar.close()
+    # 4. Evaluate (train / held-out corpus / held-out regenerated windows) and export.
+    evals = {"train": evaluate(draft, target, aux, eval_windows(train, cfg), cfg),
+             "heldout": evaluate(draft, target, aux, eval_windows(held, cfg), cfg)}
+    if regen_held is not None:
+        evals["heldout_regen"] = evaluate(draft, target, aux, eval_windows(regen_held, cfg), cfg)
+    # 5. Calibrate the tree-ranking temperature for greedy requests on held-out windows (the
+    # regenerated ones when there are: the target's own continuations, as at inference).
+    cal_src = regen_held if regen_held is not None and len(regen_held) else held
+    temp, cal = fit_greedy_temperature(draft, target, aux, eval_windows(cal_src, cfg), cfg)
+    draft.config = dataclasses.replace(draft.config, greedy_score_temperature=temp)
+    save_eagle3(draft, cfg.out)
+    in_vocab = draft.get_buffer("t2d")[torch.from_numpy(train.astype(np.int64))]
+    summary: dict[str, Any] = {
+        "steps": step, "tokens": step * tokens_per_step, "seconds": seconds,
+        "tokens_per_second": step * tokens_per_step / max(seconds, 1e-9),
+        "parameters": sum(p.numel() for p in params),
+        "aux_layer_ids": list(aux), "draft_vocab_size": cfg.draft_vocab_size,
+        "draft_vocab_coverage": float(in_vocab.float().mean()),
+        "train_tokens": int(len(train)), "heldout_tokens": int(len(held)),
+        "regenerated_windows": 0 if regen_train is None else int(len(regen_train)),
+        "regen_seconds": regen_seconds,
+        **evals,
+        "est_accept_length_chain": {k: est_accept_length(v["acc"]) for k, v in evals.items()},
+        "greedy_score_temperature": temp, "calibration": cal,
+        "torch_threads": torch.get_num_threads(), "config": asdict(cfg), "history": history,
+    }
+    (Path(cfg.out) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
