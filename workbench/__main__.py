@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
                    help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
                         "num_draft_tokens (root included; chain: S,1,S+1)")
+    b.add_argument("--threshold", default="auto", metavar="auto|N",
+                   help="concurrency: the threshold arm's BatchThreshold(n); auto (default) = "
+                        "the crossover the cost model calibrated on this machine predicts at "
+                        "the accept length measured on the prompts")
     b.set_defaults(fn=cmd_bench)
 
     dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")

@@ -16,7 +16,8 @@ Derived measurements:
   after a speculative step (cold pays the draft catch-up there; warm pays a draft extend on
   every plain step instead, visible in ``plain_ms``). See :func:`switch_costs`.
 * :func:`find_threshold`: the smallest level where baseline tok/s ≥ eagle3 tok/s, and the
-  suggested ``BatchThreshold(n)``.
+  suggested ``BatchThreshold(n)``; the ``threshold`` arm itself takes n from the cost model
+  calibrated on this machine (``default_arms``), and ``config.policy_basis`` says why.
 
 Steps that also ran a prefill chunk are excluded from the per-step times (not from tok/s).
 """
@@ -41,46 +42,34 @@ from tqdm.auto import tqdm
 from workbench.bench.machine import loadavg, machine_info
 from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
+from workbench.errors import ConfigError
 from workbench.speculative.policy import (
     Always,
     BatchThreshold,
-    Decision,
     Never,
-    PolicyContext,
     RandomFlip,
+    RecordingPolicy,
 )
 
 Prompt = str | Sequence[int]
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class StepRecorder:
-    """Wraps a policy; records every decision with its decode batch, measured ms, accepted."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.rows: list[dict[str, Any]] = []
-        self._batch = 0
-
-    def decide(self, ctx: PolicyContext) -> Decision:
-        self._batch = ctx.decode_batch
-        return self.inner.decide(ctx)
-
-    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
-        self.rows.append({"batch": self._batch, "speculate": decision.speculate,
-                          "ms": measured_ms, "accepted": len(accepted), "reason": decision.reason})
-        self.inner.observe(decision, measured_ms, accepted)
-
-
-def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8,
-                 cost_model: Any = None, flips: bool = True) -> dict[str, SpecConfig | None]:
+def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | str = "auto",
+                 cost_model: Any = None, flips: bool = True, prompts: Sequence[Prompt] = (),
+                 tau: float | None = None) -> dict[str, SpecConfig | None]:
     """baseline, eagle3 (Always), never (K=0 tax), threshold (BatchThreshold), goodput (with a
     cost model calibrated now unless given; candidates: the spec's shape, the chain of the same
     depth and a 3-step chain) — the last three with ``draft_state="auto"`` — and the warm/cold
-    RandomFlip pair. Without a draft model only the baseline."""
+    RandomFlip pair. Without a draft model only the baseline.
+
+    ``threshold``: an integer n forces ``BatchThreshold(n)``; "auto" (the default) takes n
+    from the same cost model (``BatchThreshold.from_cost_model``: where plain decoding is
+    predicted to catch up on this machine) at accept length ``tau``, measured on ``prompts``
+    (``measure_tau``) unless given. The policy's ``basis`` says why."""
     if engine.draft is None:
         return {"baseline": None}
-    from workbench.speculative.costmodel import calibrate
+    from workbench.speculative.costmodel import calibrate, measure_tau
     from workbench.speculative.policy import Goodput
 
     spec = spec or SpecConfig()
@@ -89,11 +78,27 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
     # Goodput may also pick cheaper chains (mid batch sizes: less verify work per request)
     candidates = list(dict.fromkeys([shape, (shape[0], 1, shape[0] + 1), (3, 1, 4)]))
     cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
+    if threshold == "auto":
+        context = 0.0
+        if tau is None:
+            if not prompts:
+                raise ConfigError("default_arms.threshold: 'auto' needs the accept length: "
+                                  "pass prompts= (measured) or tau=, or an integer threshold")
+            acc = measure_tau(engine, list(prompts), shape)
+            tau, context = acc.tau, acc.context
+        policy = BatchThreshold.from_cost_model(cm, shape, tau, context=context,
+                                                draft_state=off.draft_state,
+                                                max_batch=engine.config.max_batch_size)
+    elif isinstance(threshold, int) and not isinstance(threshold, bool):
+        policy = BatchThreshold(threshold)
+    else:
+        raise ConfigError(f"default_arms.threshold: expected 'auto' or an integer >= 0, got "
+                          f"{threshold!r}")
     arms: dict[str, SpecConfig | None] = {
         "baseline": None,
         "eagle3": dataclasses.replace(spec, policy=Always()),
         "never": dataclasses.replace(off, policy=Never()),
-        "threshold": dataclasses.replace(off, policy=BatchThreshold(threshold)),
+        "threshold": dataclasses.replace(off, policy=policy),
         "goodput": dataclasses.replace(off, policy=Goodput(cm.copy(), candidates=candidates)),
     }
     if flips:
@@ -102,6 +107,17 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int = 8
         arms["flip_cold"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),
                                                 draft_state="cold")
     return arms
+
+
+def policy_bases(arms: Mapping[str, SpecConfig | None]) -> dict[str, dict[str, Any]]:
+    """Arm → why its policy is set as it is (a ``basis`` such as ``BatchThreshold``'s from
+    the cost model), for the printed and saved results."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm, spec in arms.items():
+        basis = None if spec is None else getattr(spec.policy, "basis", None)
+        if spec is not None and basis is not None:
+            out[arm] = {"policy": repr(spec.policy), **basis.to_dict()}
+    return out
 
 
 @dataclass
@@ -132,7 +148,7 @@ class _Loop:
             reset = getattr(spec.policy, "reset", None)
             if callable(reset):
                 reset()  # every cell starts from the same policy state
-            self.rec = StepRecorder(spec.policy)
+            self.rec = RecordingPolicy(spec.policy or Always())
             spec = dataclasses.replace(spec, policy=self.rec)
         self.engine, self.prompts, self.sp = engine, prompts, sp
         self.concurrency, self.num_requests = concurrency, num_requests
@@ -265,21 +281,21 @@ def _interleaved(engines: Mapping[str, Any], prompts: Sequence[Prompt],
     return {a: lp.result() for a, lp in loops.items()}
 
 
-def _step_times(rec: StepRecorder | None, skip: set[int]) -> dict[str, float]:
+def _step_times(rec: RecordingPolicy | None, skip: set[int]) -> dict[str, float]:
     """Mean plain / spec step ms, switches, and the extra ms of a spec step after an off one."""
     nan = float("nan")
     if rec is None or not rec.rows:
         return {"plain_ms": nan, "spec_ms": nan, "switches": 0, "switch_extra_ms": nan}
-    rows = rec.rows
-    plain = [r["ms"] for i, r in enumerate(rows) if not r["speculate"] and i not in skip]
-    spec = [r["ms"] for i, r in enumerate(rows) if r["speculate"] and i not in skip]
+    on = [r.decision.speculate for r in rec.rows]
+    ms = [r.ms for r in rec.rows]
+    plain = [m for i, m in enumerate(ms) if not on[i] and i not in skip]
+    spec = [m for i, m in enumerate(ms) if on[i] and i not in skip]
     after_off: list[float] = []
     after_on: list[float] = []
-    for i in range(1, len(rows)):
-        if rows[i]["speculate"] and i not in skip:
-            (after_on if rows[i - 1]["speculate"] else after_off).append(rows[i]["ms"])
-    switches = sum(1 for i in range(1, len(rows))
-                   if rows[i]["speculate"] != rows[i - 1]["speculate"])
+    for i in range(1, len(on)):
+        if on[i] and i not in skip:
+            (after_on if on[i - 1] else after_off).append(ms[i])
+    switches = sum(1 for i in range(1, len(on)) if on[i] != on[i - 1])
     extra = float(np.mean(after_off) - np.mean(after_on)) if after_off and after_on else nan
     return {"plain_ms": float(np.mean(plain)) if plain else nan,
             "spec_ms": float(np.mean(spec)) if spec else nan,
@@ -307,7 +323,7 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
     """
     if not prompts:
         raise ValueError("run_concurrency: no prompts")
-    arms = dict(arms) if arms is not None else default_arms(engine)
+    arms = dict(arms) if arms is not None else default_arms(engine, prompts=prompts)
     if engines is not None:
         missing = [a for a in arms if a not in engines]
         if missing:
@@ -362,7 +378,8 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
                           "prompts": len(prompts), "repeats": repeats,
                           "requests_per_level": requests_per_level,
                           "interleaved": engines is not None,
-                          "arms": {k: repr(v) for k, v in arms.items()}}
+                          "arms": {k: repr(v) for k, v in arms.items()},
+                          "policy_basis": policy_bases(arms)}
     if out is not None:
         df.attrs["saved"] = str(save_results(df, out, name))
     return df

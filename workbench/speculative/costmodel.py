@@ -15,13 +15,16 @@ frontier nodes of every request; the extend after verify feeds τ accepted token
 The overheads (schedule, sampling, tree build, accept/commit bookkeeping) are fitted from
 residuals of whole measured steps. ``fit`` takes samples; ``calibrate`` measures an engine;
 ``observe``/``observe_step`` refresh the model online with an EMA of measured/predicted.
+``crossover`` predicts the decode batch where plain decoding catches up with speculation
+(``BatchThreshold.from_cost_model``), at an accept length ``measure_tau`` measures.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,14 @@ import numpy.typing as npt
 import torch
 
 from workbench.errors import ConfigError
+from workbench.speculative.policy import (
+    Always,
+    Decision,
+    Never,
+    RecordingPolicy,
+    StepRecord,
+    check_shape,
+)
 
 KINDS = ("target", "draft", "plain_overhead", "spec_overhead")
 STEP_KINDS = ("plain", "spec")
@@ -134,6 +145,45 @@ class CostModel:
               + self.draft_ms(batch * tau, context) + self.spec_overhead(batch))
         return max(ms, 1e-6) * (self.scale["spec"] if scaled else 1.0)
 
+    def tok_s(self, batch: int, shape: Sequence[int] | None = None, tau: float = 1.0,
+              context: float = 0.0, warm: bool = True) -> tuple[float, float]:
+        """(predicted tokens/s, step ms) at decode batch ``batch``: a plain step (``shape``
+        None; ``warm``: with the draft extend) or a speculative one at (S, K, N) emitting
+        ``tau`` tokens per request."""
+        if shape is None:
+            ms = self.plain_step_ms(batch, context, warm=warm)
+            return 1e3 * batch / ms, ms
+        s, k, n = shape
+        ms = self.spec_step_ms(batch, s, k, n, tau=tau, context=context)
+        return 1e3 * tau * batch / ms, ms
+
+    def crossover(self, shape: Sequence[int], tau: float, context: float = 0.0,
+                  warm: bool = False, max_batch: int = 1024) -> Crossover:
+        """The smallest decode batch B <= ``max_batch`` where plain decoding is predicted at
+        least as fast as speculating at ``shape`` with accept length ``tau`` (tok/s from
+        :meth:`tok_s`), and n = B − 1 for ``BatchThreshold(n)`` (0: never speculate;
+        ``max_batch`` when speculation wins at every batch). The same rule as
+        ``workbench.bench.concurrency.find_threshold`` on a measured sweep."""
+        if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau >= 1.0):
+            raise ConfigError(f"CostModel.crossover: tau must be a number >= 1 (bonus token "
+                              f"included), got {tau!r}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"CostModel.crossover: max_batch must be an integer >= 1, got "
+                              f"{max_batch!r}")
+        s, k, n = (int(v) for v in shape)
+        batch, plain, spec = max_batch, 0.0, 0.0
+        for b in range(1, max_batch + 1):
+            plain = self.tok_s(b, None, context=context, warm=warm)[0]
+            spec = self.tok_s(b, (s, k, n), float(tau), context=context)[0]
+            if plain >= spec:
+                batch = b
+                break
+        else:
+            return Crossover(max_batch, None, (s, k, n), float(tau), context, warm, max_batch,
+                             plain, spec)
+        return Crossover(batch - 1, batch, (s, k, n), float(tau), context, warm, max_batch,
+                         plain, spec)
+
     # -- online refresh ------------------------------------------------------------------------
     def observe(self, kind: str, tokens: float, ms: float, context: float = 0.0) -> None:
         """A measured forward (kind target | draft, ``tokens`` new tokens) or plain step (kind
@@ -183,27 +233,45 @@ class CostModel:
         return replace(self, scale=dict(self.scale))
 
 
+@dataclass(frozen=True)
+class Crossover:
+    """Where plain decoding catches up with speculation, as a cost model predicts it.
+
+    ``batch``: the smallest decode batch where plain tok/s >= speculative tok/s (None: not
+    up to ``max_batch``); ``n``: the threshold (``batch − 1``, or ``max_batch``);
+    ``plain_tok_s``/``spec_tok_s``: the predictions at ``batch`` (at ``max_batch`` when None).
+    """
+
+    n: int
+    batch: int | None
+    shape: tuple[int, int, int]
+    tau: float
+    context: float
+    warm: bool
+    max_batch: int
+    plain_tok_s: float
+    spec_tok_s: float
+
+    def reason(self) -> str:
+        """One line: the threshold and why."""
+        shape = "S{}K{}N{}".format(*self.shape)
+        plain = f"plain ({'warm' if self.warm else 'cold'} draft)"
+        if self.batch is None:
+            return (f"{shape} at τ {self.tau:.2f} is predicted faster than {plain} at every "
+                    f"decode batch up to {self.max_batch} ({self.spec_tok_s:.0f} vs "
+                    f"{self.plain_tok_s:.0f} tok/s there)")
+        return (f"{shape} at τ {self.tau:.2f} is predicted faster than {plain} up to decode "
+                f"batch {self.n}; at {self.batch} plain {self.plain_tok_s:.0f} tok/s >= "
+                f"speculative {self.spec_tok_s:.0f} tok/s")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "shape": list(self.shape), "reason": self.reason()}
+
+
 # -- calibration against a live engine ---------------------------------------------------------
 def _sync(device: str) -> None:
     if device.startswith("cuda") and torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-class _Recorder:
-    """Forwards to ``inner`` and records (decode batch, decision, measured ms, accepted)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.batch = 0
-        self.rows: list[tuple[int, Any, float, list[int]]] = []
-
-    def decide(self, ctx: Any) -> Any:
-        self.batch = ctx.decode_batch
-        return self.inner.decide(ctx)
-
-    def observe(self, decision: Any, measured_ms: float, accepted: list[int]) -> None:
-        self.rows.append((self.batch, decision, measured_ms, list(accepted)))
-        self.inner.observe(decision, measured_ms, accepted)
 
 
 @torch.inference_mode()
@@ -267,7 +335,6 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
     from tqdm.auto import tqdm
 
     from workbench.config import SamplingParams, SpecConfig
-    from workbench.speculative.policy import Always, Never, check_shape
 
     s, k, n = check_shape(tuple(shape), "calibrate.shape")
     ctxs = tuple(contexts or (context,))
@@ -303,31 +370,34 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
                 spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n,
                                   policy=Never() if kind == "plain" else Always()) \
                     if has_draft else None
-                for batch, d, ms, acc in _measure_steps(engine, prompts, sp, spec)[1:]:
+                for r in _measure_steps(engine, prompts, sp, spec)[1:]:
                     # (the first decode step pays first-use costs)
-                    if d is None or not d.speculate:
-                        pred = model.plain_step_ms(batch, context, warm=has_draft, scaled=False)
+                    d, acc = r.decision, r.accepted
+                    if not d.speculate:
+                        pred = model.plain_step_ms(r.batch, context, warm=has_draft,
+                                                   scaled=False)
                     else:
                         tau = 1.0 + (sum(acc) / len(acc) if acc else 0.0)
-                        pred = model.spec_step_ms(batch, d.num_steps, d.topk, d.num_draft_tokens,
-                                                  tau, context, scaled=False)
-                    samples.append(CostSample(f"{kind}_overhead", batch, ms - pred, context))
+                        pred = model.spec_step_ms(r.batch, d.num_steps, d.topk,
+                                                  d.num_draft_tokens, tau, context, scaled=False)
+                    samples.append(CostSample(f"{kind}_overhead", r.batch, r.ms - pred, context))
     finally:
         engine.stats.restore(saved)
     return CostModel.fit(samples, ema=ema)
 
 
 def _measure_steps(engine: Any, prompts: list[list[int]], sp: Any,
-                   spec: Any) -> list[tuple[int, Any, float, list[int]]]:
-    """Run ``prompts`` together; per pure decode step (no prefill chunk): (decode batch,
-    decision or None when spec is None, wall ms, accepted per speculating request)."""
+                   spec: Any) -> list[StepRecord]:
+    """Run ``prompts`` together; one record per pure decode step (no prefill chunk): the
+    policy's (through a :class:`RecordingPolicy`), or with ``spec`` None a plain one timed here
+    (decision "baseline")."""
     rec = None
     if spec is not None:
-        rec = _Recorder(spec.policy)
+        rec = RecordingPolicy(spec.policy)
         spec = replace(spec, policy=rec)
     previous = engine.spec
     engine.set_spec(spec)
-    rows: list[tuple[int, Any, float, list[int]]] = []
+    rows: list[StepRecord] = []
     rids: list[int] = []
     try:
         rids.extend(engine.add_request(p, sp) for p in prompts)
@@ -343,12 +413,54 @@ def _measure_steps(engine: Any, prompts: list[list[int]], sp: Any,
             if prefilling or not decoding:
                 continue
             if rec is not None and len(rec.rows) > n_rec:
-                batch, d, ms_rec, acc = rec.rows[-1]
-                rows.append((batch, d, ms_rec, acc))
+                rows.append(rec.rows[-1])
             elif rec is None:
-                rows.append((decoding, None, ms, []))
+                rows.append(StepRecord(decoding, Decision(False, reason="baseline"), ms, ()))
     finally:
         for r in rids:  # no-op for finished ones; frees KV if a step raised
             engine.abort(r)
         engine.set_spec(previous)
     return rows
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A measured accept length: τ (bonus included) over ``samples`` request-steps that
+    speculated, at a mean of ``context`` tokens of KV per request."""
+
+    tau: float
+    context: float
+    samples: int
+
+
+def measure_tau(engine: Any, prompts: Sequence[Any], shape: Sequence[int] = (5, 4, 16),
+                max_new_tokens: int = 32, batch: int = 8) -> Acceptance:
+    """τ of ``shape`` on the workload's own prompts: the first ``batch`` of ``prompts`` run
+    together, greedy, speculating every step (``Always``); τ = 1 + the mean draft tokens a
+    speculating request accepted per step. Acceptance depends on the prompts and models, not
+    on the batch. The engine's stats are restored afterwards."""
+    from workbench.config import SamplingParams, SpecConfig
+
+    s, k, n = check_shape(tuple(shape), "measure_tau.shape")
+    if engine.draft is None:
+        raise ConfigError("measure_tau: the engine has no draft model")
+    if not prompts or batch < 1:
+        raise ConfigError(f"measure_tau: need prompts and batch >= 1, got {len(prompts)} "
+                          f"prompts, batch {batch}")
+    rec = RecordingPolicy(Always())
+    spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=rec)
+    saved = engine.stats.snapshot()
+    engine.stats.reset()
+    try:
+        engine.generate(list(prompts[:batch]),
+                        SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+                        spec=spec)
+    finally:
+        engine.stats.restore(saved)
+    steps = [r for r in rec.rows if r.decision.speculate and r.accepted]
+    accepted = [a for r in steps for a in r.accepted]
+    if not accepted:
+        raise ConfigError(f"measure_tau: no speculative step ran on {min(batch, len(prompts))} "
+                          f"prompts with max_new_tokens {max_new_tokens}")
+    return Acceptance(1.0 + float(np.mean(accepted)),
+                      float(np.mean([r.context for r in steps])), len(accepted))

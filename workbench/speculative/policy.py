@@ -9,11 +9,13 @@ accepted)`` with the whole step's wall time and, per speculating request, the nu
 tokens it accepted (bonus excluded; empty on plain steps).
 
 * ``Always`` / ``Never``: the EAGLE-3 and K=0 arms.
-* ``BatchThreshold(n)``: SGLang's ``speculative_disable_batch_threshold`` style cut-off.
+* ``BatchThreshold(n)``: SGLang's ``speculative_disable_batch_threshold`` style cut-off;
+  ``BatchThreshold.from_cost_model`` puts n where this machine's cost model crosses over.
 * ``StepTable``: SGLang/vLLM-style tiers, one (S, K, N) or off per decode-batch range.
 * ``RandomFlip``: on/off at random every step (losslessness and stress tests).
 * ``Goodput``: per step, the (S, K, N) or off that maximises expected tokens/s under a measured
   cost model and online per-depth acceptance estimates (with hysteresis and probing).
+* ``RecordingPolicy``: wraps any of them and records every step (batch, decision, ms, accepted).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from workbench.config import max_draft_tokens
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from workbench.speculative.costmodel import CostModel
+    from workbench.speculative.costmodel import CostModel, Crossover
 
 Shape = tuple[int, int, int]  # (S draft steps, K top-k, N verified nodes incl. the root)
 
@@ -76,6 +78,43 @@ class Policy(Protocol):
     def decide(self, ctx: PolicyContext) -> Decision: ...
 
     def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One observed step: the decode batch (and mean context) it was decided for, the decision
+    as observed (a "ran plain" one when the engine decoded plainly), its measured wall ms and
+    the draft tokens each speculating request accepted (bonus excluded)."""
+
+    batch: int
+    decision: Decision
+    ms: float
+    accepted: tuple[int, ...]
+    context: int = 0
+
+
+class RecordingPolicy:
+    """Wraps a policy: decides and learns exactly as ``inner`` does, and keeps one
+    :class:`StepRecord` per observed step in ``rows`` (cost-model calibration and the
+    concurrency bench read their steps from it)."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.rows: list[StepRecord] = []
+        self._ctx: PolicyContext | None = None
+
+    def __repr__(self) -> str:
+        return f"RecordingPolicy({self.inner!r})"
+
+    def decide(self, ctx: PolicyContext) -> Decision:
+        self._ctx = ctx
+        return self.inner.decide(ctx)
+
+    def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
+        ctx = self._ctx
+        self.rows.append(StepRecord(ctx.decode_batch if ctx else 0, decision, measured_ms,
+                                    tuple(accepted), ctx.context_tokens if ctx else 0))
+        self.inner.observe(decision, measured_ms, accepted)
 
 
 def check_shape(shape: Sequence[int], where: str) -> Shape:
@@ -129,14 +168,34 @@ class Never(_Stateless):
 class BatchThreshold(_Stateless):
     """No drafting when the running decode batch is > n (``spec_disable_batch_threshold``).
 
-    ``n = 0`` never speculates (a decode batch is at least 1).
+    ``n = 0`` never speculates (a decode batch is at least 1). Where speculation stops paying
+    depends on the machine: :meth:`from_cost_model` takes n from a cost model calibrated on it
+    (``basis`` then says why; it is not part of the policy's identity).
     """
 
     n: int
+    basis: Crossover | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 0:
             raise ConfigError(f"BatchThreshold.n: must be an integer >= 0, got {self.n!r}")
+
+    @classmethod
+    def from_cost_model(cls, cost_model: CostModel, shape: Sequence[int], tau: float, *,
+                        context: float = 0.0, draft_state: str = "auto",
+                        max_batch: int = 1024) -> BatchThreshold:
+        """n = the crossover the cost model predicts, less one (``CostModel.crossover``): the
+        largest decode batch up to which speculating at ``shape`` with accept length ``tau``
+        beats plain decoding at every batch. Plain steps are priced without the draft extend
+        unless ``draft_state`` is "warm" (auto and cold drafts go cold in long off stretches,
+        which is where a threshold leaves them). Deterministic given the cost model."""
+        if draft_state not in ("warm", "cold", "auto"):
+            raise ConfigError(f"BatchThreshold.from_cost_model: draft_state {draft_state!r} "
+                              "not warm/cold/auto")
+        cross = cost_model.crossover(check_shape(tuple(shape), "BatchThreshold.from_cost_model"),
+                                     tau, context=context, warm=draft_state == "warm",
+                                     max_batch=max_batch)
+        return cls(cross.n, basis=cross)
 
     def decide(self, ctx: PolicyContext) -> Decision:
         if ctx.decode_batch > self.n:
@@ -343,15 +402,11 @@ class Goodput:
 
     def rates(self, ctx: PolicyContext) -> dict[Shape | None, tuple[float, float]]:
         """Option → (expected tokens/s, predicted step ms); None is off."""
-        b = max(ctx.decode_batch, 1)
-        c = ctx.context_tokens
-        cm = self.cost_model
-        plain = cm.plain_step_ms(b, c, warm=ctx.draft_state == "warm")
-        out: dict[Shape | None, tuple[float, float]] = {None: (1e3 * b / plain, plain)}
+        b, c, cm = max(ctx.decode_batch, 1), ctx.context_tokens, self.cost_model
+        out: dict[Shape | None, tuple[float, float]] = {
+            None: cm.tok_s(b, None, context=c, warm=ctx.draft_state == "warm")}
         for shape in self.candidates or (ctx.shape,):
-            tau = self.expected_tau(shape)
-            ms = cm.spec_step_ms(b, *shape, tau=tau, context=c)
-            out[shape] = (1e3 * tau * b / ms, ms)
+            out[shape] = cm.tok_s(b, shape, self.expected_tau(shape), context=c)
         return out
 
     # -- the policy ----------------------------------------------------------------------------

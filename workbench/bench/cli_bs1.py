@@ -1,0 +1,121 @@
+"""``python -m workbench bench {spec,peers,shapes}``: the bs=1 benchmarks, one request at a time.
+
+* spec: EAGLE-3 arms vs baseline (``workbench.bench.spec``);
+* peers: transformers generate / static + compiled / prompt lookup / assisted vs ours
+  (``workbench.bench.peers``);
+* shapes: speedup vs target shape at a simulated accept length, random-weight pairs
+  (``workbench.bench.shapes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from workbench.bench import cli_args as args
+from workbench.bench.cli_output import finish, print_choices, show, stamp
+
+
+def bench_spec(ns: argparse.Namespace) -> int:
+    from workbench.bench.sanity import mark
+    from workbench.bench.spec import run_spec_bench
+    from workbench.config import SpecConfig
+
+    prompts = args.prompts(ns)
+    repeats = args.repeats(ns)
+    engine = args.engine(ns, need_draft=False)
+    try:
+        choices = print_choices(engine)
+        arms: dict[str, SpecConfig | None] | None = \
+            None if engine.draft is not None else {"baseline": None}
+        res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=args.max_new(ns),
+                             repeats=repeats, bound=engine.draft is not None)
+    finally:
+        engine.close()
+    flags = res.flags()
+    show("EAGLE-3 vs baseline, bs=1, greedy", mark(res.summary, flags))
+    path = res.save(ns.out)
+    stamp(path, flags, res.machine.get("load"), {"engine_choices": choices}, "spec",
+          mark(res.summary, flags))
+    print(f"\nresults: {path}")
+    return finish(ns, bool(res.summary["lossless"].all()), flags)
+
+
+def _assistant(ns: argparse.Namespace, model_path: str | Path) -> str | None:
+    """``--assistant`` for transformers' assisted generation, or None (the arm is left out)
+    when it is missing or has another tokenizer than the target."""
+    assistant = getattr(ns, "assistant", None)
+    if assistant and not (Path(assistant) / "config.json").is_file():
+        return None  # no small draft LM shipped
+    tok_a = Path(assistant or "") / "tokenizer.json"
+    tok_t = Path(model_path) / "tokenizer.json"
+    if assistant and (not tok_a.is_file() or not tok_t.is_file()
+                      or tok_a.read_bytes() != tok_t.read_bytes()):
+        print(f"peers: {assistant} has another tokenizer than the target; "
+              "the assisted arm is left out")
+        return None
+    return assistant
+
+
+def bench_peers(ns: argparse.Namespace) -> int:
+    from workbench.bench.peers import run_peers
+    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+
+    shape = args.spec(ns)
+    repeats = args.repeats(ns)
+    prompts = args.prompts(ns)
+    engine = args.engine(ns, need_draft=False)
+    try:
+        spec = shape if engine.draft is not None else None
+        assistant = _assistant(ns, engine.model_path)
+        choices = print_choices(engine)
+        with LoadSampler() as load:
+            rows, summary, machine = run_peers(
+                engine, prompts, max_new_tokens=args.max_new(ns), spec=spec,
+                assistant=assistant, repeats=repeats, compiled=not getattr(ns, "quick", False))
+    finally:
+        engine.close()
+    flags = sanity_flags(summary, load=load.as_dict())
+    summary = mark(summary, flags)
+    show("peers, bs=1, greedy (ratios vs hf generate; startup_s: first call incl. compile)",
+         summary)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out / "peers_per_prompt.csv", index=False)
+    summary.to_csv(out / "peers.csv", index=False)
+    (out / "peers.json").write_text(json.dumps(
+        {"machine": machine, "spec": ns.spec if spec is not None else None,
+         "summary": json.loads(summary.to_json(orient="records"))},
+        indent=2) + "\n")
+    stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices}, "peers",
+          summary)
+    print(f"\nresults: {out / 'peers.json'}")
+    return finish(ns, True, flags)
+
+
+def bench_shapes(ns: argparse.Namespace) -> int:
+    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+    from workbench.bench.shapes import SHAPES, check_tau, run_shapes, save_shapes
+
+    tau = float(ns.tau)
+    spec = args.spec(ns)
+    check_tau(tau, spec)  # before anything is loaded
+    prompts = args.prompts(ns)
+    shapes = dict(list(SHAPES.items())[:2]) if ns.quick else SHAPES
+    pairs = {}
+    if ns.draft and (Path(ns.draft) / "config.json").is_file():
+        pairs["shipped (trained)"] = (ns.model, ns.draft)
+    with LoadSampler() as load:
+        df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=args.max_new(ns),
+                        tokenizer_from=ns.model, pairs=pairs, repeats=args.repeats(ns),
+                        engine_config=args.engine_config(ns))
+    flags = sanity_flags(df, load=load.as_dict())
+    df = mark(df, flags)
+    show(f"speedup vs target shape at a simulated accept length (random weights; "
+         f"{df.attrs['config']['spec']}, bs=1 greedy)",
+         df.drop(columns=["layers", "hidden", "random"]))
+    path = save_shapes(df, ns.out)
+    stamp(path, flags, load.as_dict(), None, "shapes", df)
+    print(f"\nresults: {path}")
+    return finish(ns, True, flags)
