@@ -6,6 +6,7 @@ directory then gets its own session server); test modules import the helpers fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench.serve.server import ServerHandle, start_server
+from workbench.serve.server import ServeLimits, ServerHandle, start_server
 
 SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 ENGINE_CONFIG = wb.EngineConfig(kv_budget_tokens=8192, max_model_len=256)
@@ -42,6 +43,26 @@ def sse_json(lines: Iterator[str]) -> list[dict]:
     return [json.loads(p) for p in payloads[:-1]]
 
 
+def micro_engine(target: Path, head: Path) -> wb.Engine:
+    """The serving tests' engine: ``target`` with the draft ``head``, speculation off."""
+    return wb.Engine.from_pretrained(target, draft=head, config=ENGINE_CONFIG)
+
+
+@contextlib.contextmanager
+def serving(target: Path, head: Path, limits: ServeLimits | None = None,
+            ) -> Iterator[ServerHandle]:
+    """A live server on loopback around a fresh :func:`micro_engine` with SPEC on; stopped and
+    its engine closed on exit."""
+    engine = micro_engine(target, head)
+    engine.set_spec(SPEC)
+    handle = start_server(engine, "127.0.0.1", 0, limits=limits)
+    try:
+        yield handle
+    finally:
+        handle.stop()
+        engine.close()
+
+
 @pytest.fixture(scope="session")
 def serve_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from speculative.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
@@ -51,9 +72,8 @@ def serve_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="session")
 def reference_engine(micro_target: Path, serve_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    yield e
-    e.close()
+    with micro_engine(micro_target, serve_head) as e:
+        yield e
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +92,8 @@ def solo(reference_engine: wb.Engine) -> Callable[[str | list[int], int], wb.Req
 
 @pytest.fixture(scope="session")
 def server(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    engine.set_spec(SPEC)
-    handle = start_server(engine, "127.0.0.1", 0)
-    yield handle
-    handle.stop()
-    engine.close()
+    with serving(micro_target, serve_head) as handle:
+        yield handle
 
 
 @pytest.fixture()

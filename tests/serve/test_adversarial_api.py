@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from serve.serving import ENGINE_CONFIG, SPEC
+from serve.serving import SPEC, micro_engine
 
 import workbench as wb
 from workbench.engine import sampler
@@ -28,9 +28,8 @@ CANARY = "def parse(path):"
 
 @pytest.fixture(scope="module")
 def engine(micro_target: Path, serve_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    yield e
-    e.close()
+    with micro_engine(micro_target, serve_head) as e:
+        yield e
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 import pytest
-from serve.serving import ENGINE_CONFIG, SPEC, TEXT_PROMPTS
+from serve.serving import TEXT_PROMPTS, serving
 
 import workbench as wb
-from workbench.serve.server import ServeLimits, ServerHandle, start_server
+from workbench.serve.server import ServeLimits, ServerHandle
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_prompt_chars=4096, read_timeout_s=1.0,
                      keep_alive_s=1.0, max_header_bytes=16 << 10, health_step_s=1.0)
@@ -43,12 +43,8 @@ DEADLINE_S = 15.0  # a connection case that is not over by then has hung
 
 @pytest.fixture(scope="module")
 def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    engine.set_spec(SPEC)
-    handle = start_server(engine, "127.0.0.1", 0, limits=LIMITS)
-    yield handle
-    handle.stop()
-    engine.close()
+    with serving(micro_target, serve_head, LIMITS) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")
@@ -504,12 +500,8 @@ KEY = {"Authorization": "Bearer s3cret"}
 @pytest.fixture(scope="module")
 def keyed(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
     """A second server: default limits and an API key."""
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    engine.set_spec(SPEC)
-    handle = start_server(engine, "127.0.0.1", 0, limits=ServeLimits(api_key="s3cret"))
-    yield handle
-    handle.stop()
-    engine.close()
+    with serving(micro_target, serve_head, ServeLimits(api_key="s3cret")) as handle:
+        yield handle
 
 
 AUTH_CASES: dict[str, tuple[dict[str, str], int]] = {

@@ -12,10 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from serve.serving import ENGINE_CONFIG, SPEC, TEXT_PROMPTS
+from serve.serving import TEXT_PROMPTS, serving
 
 import workbench as wb
-from workbench.serve.server import ServerHandle, start_server
+from workbench.serve.server import ServerHandle
 
 TOL = 1e-4
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -37,12 +37,8 @@ def chat_server(micro_target: Path, serve_head: Path,
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = TEMPLATE
     cfg_path.write_text(json.dumps(cfg))
-    engine = wb.Engine.from_pretrained(folder, draft=serve_head, config=ENGINE_CONFIG)
-    engine.set_spec(SPEC)
-    handle = start_server(engine, "127.0.0.1", 0)
-    yield handle
-    handle.stop()
-    engine.close()
+    with serving(folder, serve_head) as handle:
+        yield handle
 
 
 def _dense_logprobs(engine: wb.Engine, ids: list[int]) -> torch.Tensor:

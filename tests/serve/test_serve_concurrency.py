@@ -10,10 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve.serving import ENGINE_CONFIG, SPEC, TEXT_PROMPTS, id_prompts, sse_json
+from serve.serving import TEXT_PROMPTS, id_prompts, serving, sse_json
 
 import workbench as wb
-from workbench.serve.server import start_server
 
 N_OK = 8  # tokens for requests that run to completion
 N_LONG = 64  # tokens for requests whose client disconnects part-way
@@ -106,9 +105,7 @@ def test_64_concurrent_streams_with_random_disconnects(server, solo) -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_engine_failure_fails_requests_and_turns_unhealthy(micro_target: Path,
                                                            serve_head: Path) -> None:
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=ENGINE_CONFIG)
-    engine.set_spec(SPEC)
-    with start_server(engine) as h, httpx.Client(base_url=h.url, timeout=30) as c:
+    with serving(micro_target, serve_head) as h, httpx.Client(base_url=h.url, timeout=30) as c:
         assert c.get("/health").status_code == 200
         with wb.faults.inject("step:verify"):
             r = c.post("/generate", json={"text": "a", "sampling_params": {
@@ -124,4 +121,3 @@ def test_engine_failure_fails_requests_and_turns_unhealthy(micro_target: Path,
         again = c.post("/generate", json={"text": "a"})
         assert again.status_code == 503, again.text
         assert json.loads(c.get("/v1/models").text)["data"]  # the front end still answers
-    engine.close()

@@ -24,47 +24,30 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-# server.py (imported above) already turns a missing serve extra into a clear ImportError
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import Response, StreamingResponse  # noqa: E402
-
 from workbench.core import LogprobParams, RequestOutput
-from workbench.serve.loop import Chunk, Ticket
-from workbench.serve.protocol import (
-    HTTPError,
-    OpenAIRequest,
-    ParsedRequest,
-    openai_finish_reason,
-    parse_chat,
-    parse_completion,
-    sse,
+from workbench.serve.frontend import (
+    AbortingStream,
+    AsyncSink,
+    ServeState,
+    check_failed,
+    disconnected,
+    public_chunk,
 )
-from workbench.serve.server import _check_failed, _disconnected, _public
+from workbench.serve.loop import Chunk, Ticket
+from workbench.serve.openai_protocol import OpenAIRequest, parse_chat, parse_completion
+from workbench.serve.protocol import HTTPError, ParsedRequest
+from workbench.serve.responses import openai_finish_reason, sse
+from workbench.serve.web import FastAPI, Request, Response
 
 
 class _Choice:
     """One admitted sample: its ticket, sink and prompt token count."""
 
-    def __init__(self, index: int, ticket: Ticket, sink: Any, prompt_tokens: int) -> None:
+    def __init__(self, index: int, ticket: Ticket, sink: AsyncSink, prompt_tokens: int) -> None:
         self.index = index
         self.ticket = ticket
         self.sink = sink
         self.prompt_tokens = prompt_tokens
-
-
-class _Stream(StreamingResponse):
-    """A streamed response that aborts every choice's request however the stream ends."""
-
-    def __init__(self, body: AsyncIterator[bytes], abort: Callable[[], None]) -> None:
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
-        self._abort = abort
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._abort()
 
 
 def _token_text(tokenizer: Any) -> Callable[[int], str]:
@@ -133,7 +116,15 @@ def chat_logprobs(out: RequestOutput, tok_text: Callable[[int], str],
     return {"content": content}
 
 
-def add_openai_routes(app: FastAPI, st: Any, name: str,
+def _delta(sent: dict[int, str], index: int, text: str) -> str:
+    """The text choice ``index`` has not been sent yet (cumulative ``text``; all of it if the
+    text sent before is no longer its prefix); records ``text`` as sent."""
+    prev = sent.get(index, "")
+    sent[index] = text
+    return text[len(prev):] if text.startswith(prev) else text
+
+
+def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                       body_of: Callable[[Any], Any]) -> None:
     """Register /v1/completions and /v1/chat/completions on ``app`` (``st``: the server's
     shared state: tokenizer pool, admission, the engine loop; ``body_of``: its bounded JSON
@@ -173,9 +164,9 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             while True:
                 item = await c.sink.queue.get()
                 if isinstance(item, Chunk) and item.finished:
-                    return _public(item)
+                    return public_chunk(item)
 
-        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher = asyncio.ensure_future(disconnected(request))
         gathered = asyncio.ensure_future(asyncio.gather(*(one(c) for c in choices)))
         try:
             done, _ = await asyncio.wait({gathered, watcher},
@@ -212,20 +203,40 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             for t in tasks:
                 t.cancel()
 
-    def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    def usage(req: OpenAIRequest, choices: list[_Choice], completion_tokens: int,
+              ) -> dict[str, int]:
+        # each prompt counts once, however many samples it has (as OpenAI counts)
+        prompt_tokens = sum(c.prompt_tokens for c in choices if c.index % req.n == 0)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def prompt_usage(req: OpenAIRequest, choices: list[_Choice]) -> int:
-        # each prompt counts once, however many samples it has (as OpenAI counts)
-        return sum(c.prompt_tokens for c in choices if c.index % req.n == 0)
+    async def reply(request: Any, req: OpenAIRequest, choices: list[_Choice],
+                    head: dict[str, Any], shape: Callable[[_Choice, Chunk, RequestOutput],
+                                                          dict[str, Any]]) -> Any:
+        """The non-streaming answer: ``head`` (id, object, created, model), every choice's
+        final chunk as ``shape`` makes it, usage; 499 if the client went away first."""
+        got = await finals(request, choices)
+        if got is None:
+            return Response(status_code=499)
+        out_choices = []
+        for c, chunk in zip(choices, got, strict=True):
+            check_failed(chunk)
+            assert chunk.output is not None
+            out_choices.append({"index": c.index, **shape(c, chunk, chunk.output),
+                                "finish_reason": openai_finish_reason(chunk.finish_reason)})
+        return {**head, "choices": out_choices,
+                "usage": usage(req, choices, sum(len(g.token_ids) for g in got))}
+
+    def usage_event(req: OpenAIRequest, choices: list[_Choice], head: dict[str, Any],
+                    done_toks: dict[int, int]) -> bytes:
+        """``stream_options.include_usage``: a last chunk with usage and no choices."""
+        return sse({**head, "choices": [], "usage": usage(req, choices, sum(done_toks.values()))})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         req = parse_completion(await body_of(request))
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = req.model or name
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+                "created": int(time.time()), "model": req.model or name}
         tok_text = _token_text(engine.tokenizer)
         choices = await admit_all(req, req.prompts)
 
@@ -236,25 +247,15 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             return engine.tokenizer.decode(out.prompt_ids) if engine.tokenizer else ""
 
         if not req.stream:
-            got = await finals(request, choices)
-            if got is None:
-                return Response(status_code=499)
-            out_choices = []
-            for c, chunk in zip(choices, got, strict=True):
-                _check_failed(chunk)
-                out = chunk.output
-                assert out is not None
-                head = prompt_text(out, c.index) if req.echo else ""
+            def choice(c: _Choice, chunk: Chunk, out: RequestOutput) -> dict[str, Any]:
+                text = prompt_text(out, c.index) if req.echo else ""
                 lp = None
                 if req.logprobs is not None:
                     lp = completion_logprobs(out, tok_text, req.echo,
                                              0 if req.echo else len(prompt_text(out, c.index)))
-                out_choices.append({"index": c.index, "text": head + chunk.text, "logprobs": lp,
-                                    "finish_reason": openai_finish_reason(chunk.finish_reason)})
-            return {"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": out_choices,
-                    "usage": usage(prompt_usage(req, choices),
-                                   sum(len(g.token_ids) for g in got))}
+                return {"text": text + chunk.text, "logprobs": lp}
+
+            return await reply(request, req, choices, head, choice)
 
         async def events() -> AsyncIterator[bytes]:
             sent_text: dict[int, str] = {}
@@ -263,11 +264,9 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             async for c, chunk in merged(choices):
                 out = chunk.output
                 first = c.index not in sent_text
-                prev = sent_text.get(c.index, "")
-                delta = chunk.text[len(prev):] if chunk.text.startswith(prev) else chunk.text
-                sent_text[c.index] = chunk.text
-                head = prompt_text(out, c.index) if first and req.echo and out else ""
-                if not (delta or head or chunk.finished):
+                delta = _delta(sent_text, c.index, chunk.text)
+                text = prompt_text(out, c.index) if first and req.echo and out else ""
+                if not (delta or text or chunk.finished):
                     continue
                 lp = None
                 if req.logprobs is not None and out is not None:
@@ -277,18 +276,15 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
                     sent_toks[c.index] = len(out.token_ids)
                 if chunk.finished:
                     done_toks[c.index] = len(chunk.token_ids)
-                yield sse({"id": cid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [{
-                               "index": c.index, "text": head + delta, "logprobs": lp,
-                               "finish_reason": openai_finish_reason(chunk.finish_reason)
-                               if chunk.finished else None}]})
+                yield sse({**head, "choices": [{
+                    "index": c.index, "text": text + delta, "logprobs": lp,
+                    "finish_reason": openai_finish_reason(chunk.finish_reason)
+                    if chunk.finished else None}]})
             if req.include_usage:
-                yield sse({"id": cid, "object": "text_completion", "created": created,
-                           "model": model, "choices": [],
-                           "usage": usage(prompt_usage(req, choices), sum(done_toks.values()))})
+                yield usage_event(req, choices, head, done_toks)
             yield sse("[DONE]")
 
-        return _Stream(events(), abort_all(choices))
+        return AbortingStream(events(), abort_all(choices))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -311,35 +307,24 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             return list(tokenizer.encode(text, add_special_tokens=False))
 
         ids = await asyncio.get_running_loop().run_in_executor(st.tokenizer_pool, render)
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = req.model or name
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": req.model or name}
         tok_text = _token_text(tokenizer)
         choices = await admit_all(req, [ids])
 
         if not req.stream:
-            got = await finals(request, choices)
-            if got is None:
-                return Response(status_code=499)
-            out_choices = []
-            for c, chunk in zip(choices, got, strict=True):
-                _check_failed(chunk)
-                assert chunk.output is not None
-                lp = None if req.logprobs is None else chat_logprobs(chunk.output, tok_text)
-                out_choices.append({"index": c.index,
-                                    "message": {"role": "assistant", "content": chunk.text},
-                                    "logprobs": lp,
-                                    "finish_reason": openai_finish_reason(chunk.finish_reason)})
-            return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                    "choices": out_choices,
-                    "usage": usage(prompt_usage(req, choices),
-                                   sum(len(g.token_ids) for g in got))}
+            def message(c: _Choice, chunk: Chunk, out: RequestOutput) -> dict[str, Any]:
+                lp = None if req.logprobs is None else chat_logprobs(out, tok_text)
+                return {"message": {"role": "assistant", "content": chunk.text}, "logprobs": lp}
+
+            return await reply(request, req, choices, head, message)
+
+        head["object"] = "chat.completion.chunk"
 
         def event(index: int, delta: dict[str, Any], finish: str | None,
                   lp: dict[str, Any] | None = None) -> bytes:
-            return sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [{"index": index, "delta": delta,
-                                                     "logprobs": lp, "finish_reason": finish}]})
+            return sse({**head, "choices": [{"index": index, "delta": delta, "logprobs": lp,
+                                             "finish_reason": finish}]})
 
         async def events() -> AsyncIterator[bytes]:
             for c in choices:
@@ -348,9 +333,7 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
             sent_toks: dict[int, int] = {}
             done_toks: dict[int, int] = {}
             async for c, chunk in merged(choices):
-                prev = sent_text.get(c.index, "")
-                delta = chunk.text[len(prev):] if chunk.text.startswith(prev) else chunk.text
-                sent_text[c.index] = chunk.text
+                delta = _delta(sent_text, c.index, chunk.text)
                 if not (delta or chunk.finished):
                     continue
                 lp = None
@@ -363,9 +346,7 @@ def add_openai_routes(app: FastAPI, st: Any, name: str,
                             openai_finish_reason(chunk.finish_reason) if chunk.finished
                             else None, lp)
             if req.include_usage:
-                yield sse({"id": cid, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [],
-                           "usage": usage(prompt_usage(req, choices), sum(done_toks.values()))})
+                yield usage_event(req, choices, head, done_toks)
             yield sse("[DONE]")
 
-        return _Stream(events(), abort_all(choices))
+        return AbortingStream(events(), abort_all(choices))

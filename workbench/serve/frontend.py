@@ -1,0 +1,210 @@
+"""The asyncio side of the server: what the route handlers share.
+
+One :class:`~workbench.serve.loop.EngineLoop` thread owns the engine; the handlers only enqueue
+commands and await answers. :class:`ServeState` tokenizes off both threads, admits a request
+(503 while too many are outstanding, 400 naming the field when the engine refuses it), and
+awaits its final chunk (:meth:`ServeState.final`; None when the client went away, which aborts
+the request and frees its KV) or its streamed chunks (:meth:`ServeState.chunks`;
+:class:`AbortingStream` aborts however a stream ends). A failed request's engine error never
+reaches the client as exception text (:func:`public_chunk`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from workbench.errors import RequestError
+from workbench.serve.limits import ServeLimits
+from workbench.serve.loop import (
+    Admitted,
+    Chunk,
+    EngineLoop,
+    LoopClosed,
+    QueueFull,
+    Rejected,
+    Ticket,
+)
+from workbench.serve.protocol import HTTPError, ParsedRequest, admission_error
+from workbench.serve.web import StreamingResponse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def error_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class AsyncSink:
+    """Receives the loop thread's messages on this event loop's queue."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+
+    def put(self, item: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            pass  # the event loop is closed: the server stopped and nobody is listening
+
+
+class ServeState:
+    """What the route handlers share."""
+
+    def __init__(self, loop: EngineLoop, name: str, limits: ServeLimits) -> None:
+        self.loop = loop
+        self.name = name
+        self.limits = limits
+        self.max_model_len = int(loop.engine.max_model_len)
+        self.max_prompt_chars = limits.prompt_chars(self.max_model_len)
+        # tokenization never runs on the engine thread (nor on the event loop)
+        self.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-tokenize")
+
+    async def tokenize(self, prompt: Any, field: str) -> Any:
+        """Text or chat messages → token ids on the tokenizer thread, after the character
+        bound; token ids pass through (the engine checks them at admission)."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        chars = len(prompt) if isinstance(prompt, str) else sum(
+            len(str(v)) for m in prompt if isinstance(m, dict) for v in m.values())
+        if chars > self.max_prompt_chars:
+            raise HTTPError(f"{field}: {chars} characters is longer than this server accepts "
+                            f"({self.max_prompt_chars}; max_model_len {self.max_model_len} "
+                            "tokens)", field)
+        engine = self.loop.engine  # Engine.tokenize reads only the tokenizer and model config
+        try:
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizer_pool, engine.tokenize, prompt, field)
+        except RequestError as e:
+            raise admission_error(str(e), field) from None
+        if len(ids) >= self.max_model_len:
+            raise HTTPError(f"{field}: {len(ids)} tokens does not fit the context "
+                            f"(max_model_len {self.max_model_len})", field)
+        return ids
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        try:
+            fut = self.loop.call(fn)
+        except LoopClosed:
+            raise HTTPError(loop_down(self.loop), None, 503) from None
+        try:
+            return await asyncio.wrap_future(fut)
+        except LoopClosed:
+            raise HTTPError(loop_down(self.loop), None, 503) from None
+
+    async def admit(self, parsed: ParsedRequest) -> tuple[Ticket, AsyncSink, Admitted]:
+        sink = AsyncSink()
+        if self.loop.max_pending is not None and self.loop.num_pending >= self.loop.max_pending:
+            raise HTTPError(f"server: {self.loop.num_pending} requests are queued or running; "
+                            "retry later", None, 503)  # before paying for tokenization
+        prompt = await self.tokenize(parsed.prompt, parsed.prompt_field)
+        try:
+            ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream,
+                                      logprobs=parsed.logprobs)
+        except QueueFull as e:
+            raise HTTPError(str(e), None, 503) from None
+        except LoopClosed:
+            raise HTTPError(loop_down(self.loop), None, 503) from None
+        try:
+            first = await sink.queue.get()
+        except asyncio.CancelledError:
+            self.loop.abort(ticket)
+            raise
+        if isinstance(first, Rejected):
+            if first.status == 503:
+                raise HTTPError(loop_down(self.loop), None, 503)
+            if first.status != 400:
+                raise HTTPError(f"server: {first.message}", None, first.status)
+            raise admission_error(first.message, parsed.prompt_field)
+        assert isinstance(first, Admitted)
+        return ticket, sink, first
+
+    async def final(self, request: Any, ticket: Ticket, sink: AsyncSink) -> Chunk | None:
+        """The final chunk, or None if the client disconnected first (request aborted)."""
+        watcher = asyncio.ensure_future(disconnected(request))
+        try:
+            while True:
+                getter = asyncio.ensure_future(sink.queue.get())
+                done, _ = await asyncio.wait({getter, watcher},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return None
+                item = getter.result()
+                if isinstance(item, Chunk) and item.finished:
+                    return public_chunk(item)
+        finally:
+            watcher.cancel()
+            self.loop.abort(ticket)  # no-op once finished
+
+    async def chunks(self, ticket: Ticket, sink: AsyncSink) -> AsyncIterator[Chunk]:
+        """Streamed chunks; partial UTF-8 (text ending in U+FFFD) waits for the next step."""
+        try:
+            while True:
+                item = await sink.queue.get()
+                if not isinstance(item, Chunk):
+                    continue
+                if item.finished:
+                    yield public_chunk(item)
+                    return
+                if not item.text.endswith("\ufffd"):
+                    yield item
+        finally:
+            self.loop.abort(ticket)
+
+
+async def disconnected(request: Any) -> None:
+    """Returns when the client goes away (the body has been read already)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+def loop_down(loop: EngineLoop) -> str:
+    """The 503 message once the engine loop stopped: no exception text, the logged error id."""
+    if loop.error_id is not None:
+        return f"server: the engine loop failed (error id {loop.error_id}; see the server log)"
+    return "server: the engine loop is stopped"
+
+
+def public_chunk(c: Chunk) -> Chunk:
+    """A failed request's chunk as a client may see it. The engine's own request-scoped
+    messages (non-finite logits, no valid sampling distribution) are kept; an engine failure's
+    exception text is replaced by an error id, logged with the details."""
+    if c.finish_reason != "error":
+        return c
+    eid = error_id()
+    log.error("request failed (error id %s): %s", eid, c.error)
+    msg = f"the engine failed (error id {eid}; see the server log)" if c.internal or \
+        not c.error else f"{c.error} (error id {eid})"
+    return dataclasses.replace(c, error=msg)
+
+
+def check_failed(c: Chunk) -> None:
+    if c.finish_reason == "error":
+        raise HTTPError(f"request failed: {c.error or 'engine error'}", None, 500)
+
+
+
+class AbortingStream(StreamingResponse):
+    """A streamed response (server-sent events) that calls ``abort`` however the stream ends:
+    finished, client gone, or failed."""
+
+    def __init__(self, body: AsyncIterator[bytes], abort: Callable[[], None]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._abort = abort
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._abort()

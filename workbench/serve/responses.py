@@ -1,0 +1,124 @@
+"""Response shapes: SGLang ``/generate``'s ``meta_info`` (finish reason, speculation counts,
+logprobs), OpenAI's finish reasons, and server-sent events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from workbench.core import RequestOutput
+
+
+def sglang_finish_reason(reason: str | None, token_ids: list[int], error: str | None = None,
+                         matched: int | str | None = None) -> dict[str, Any] | None:
+    """SGLang's ``meta_info.finish_reason`` object: ``{"type": "length", "length": n}``,
+    ``{"type": "stop", "matched": id or string}`` (the stop token id, EOS included, or the stop
+    string matched), ``{"type": "abort"|"error", "message": ...}``."""
+    if not reason:
+        return None
+    if reason == "length":
+        return {"type": "length", "length": len(token_ids)}
+    if reason == "stop":
+        if matched is None and token_ids:
+            matched = token_ids[-1]
+        return {"type": "stop", "matched": matched}
+    if reason == "abort":
+        return {"type": "abort", "message": error or "Aborted", "status_code": None,
+                "err_type": None}
+    return {"type": reason, "message": error or reason}
+
+
+def spec_accept_length(completion_tokens: int, verify_ct: int) -> float:
+    """SGLang's per-request τ = completion_tokens / spec_verify_ct (1.0 without verify steps)."""
+    return completion_tokens / verify_ct if verify_ct else 1.0
+
+
+def correct_drafts_histogram(accept_lengths: list[int]) -> list[int]:
+    """SGLang's ``spec_correct_drafts_histogram``: h[k] = verify rounds with k correct drafts
+    (accept length k + 1), as long as the largest k seen + 1; sums to ``spec_verify_ct``."""
+    h: list[int] = []
+    for a in accept_lengths:
+        k = a - 1
+        h.extend([0] * (k + 1 - len(h)))
+        h[k] += 1
+    return h
+
+
+def meta_info(rid: str, prompt_tokens: int, token_ids: list[int], finish: str | None,
+              verify_ct: int, e2e_latency: float, error: str | None = None,
+              matched: int | str | None = None, output: RequestOutput | None = None,
+              ) -> dict[str, Any]:
+    """SGLang 0.5.23 ``meta_info`` of one (possibly partial) response. Always: id,
+    finish_reason, prompt_tokens, completion_tokens, cached_tokens (0: no prefix cache here),
+    reasoning_tokens, weight_version, num_retractions (preemptions); once finished e2e_latency
+    and, when the request had verify rounds, spec_verify_ct, spec_accept_length
+    (completion_tokens / spec_verify_ct, the prefill's token in the numerator as upstream),
+    spec_accept_rate (correct / proposed drafts), spec_num_correct_drafts (bonus excluded),
+    spec_num_proposed_drafts (drafted tree nodes, = verify_ct x (N - 1)) and
+    spec_correct_drafts_histogram (:func:`correct_drafts_histogram`). Streamed chunks carry no
+    spec fields, as upstream."""
+    n = len(token_ids)
+    met = output.metrics if output is not None else None
+    d: dict[str, Any] = {
+        "id": rid, "finish_reason": sglang_finish_reason(finish, token_ids, error, matched),
+        "prompt_tokens": prompt_tokens, "weight_version": "default",
+        "num_retractions": met.preemptions if met is not None else 0,
+        "reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0}
+    if finish:
+        d["e2e_latency"] = e2e_latency
+        if verify_ct > 0:
+            d["spec_verify_ct"] = verify_ct
+            d["spec_accept_length"] = spec_accept_length(n, verify_ct)
+            if met is not None:
+                correct = sum(met.accept_lengths) - len(met.accept_lengths)
+                proposed = met.drafted_tokens
+                d["spec_accept_rate"] = correct / proposed if proposed else 0.0
+                d["spec_num_correct_drafts"] = correct
+                d["spec_num_proposed_drafts"] = proposed
+                d["spec_correct_drafts_histogram"] = correct_drafts_histogram(
+                    met.accept_lengths)
+    return d
+
+
+LogprobEntry = list[Any]  # [logprob | None, token_id, text | None] (SGLang's tuple, as JSON)
+
+
+def sglang_logprobs(output: RequestOutput, decode: Callable[[int], str] | None,
+                    ) -> dict[str, Any]:
+    """SGLang's logprob fields of ``meta_info`` (``return_logprob``): input_token_logprobs,
+    output_token_logprobs (``[logprob, token_id, text or None]`` each; text with
+    ``return_text_in_logprobs``, i.e. ``decode`` given), with ``top_logprobs_num`` also
+    input_top_logprobs / output_top_logprobs (per position a list of such entries, None for the
+    first prompt token, which has no context)."""
+    def entry(lp: float | None, tok: int) -> LogprobEntry:
+        return [lp, tok, None if decode is None else decode(tok)]
+
+    def tops(rows: list[Any] | None) -> list[Any]:
+        return [None if row is None else [entry(v, t) for t, v in row] for row in rows or []]
+
+    start = output.logprob_start
+    prompt = output.prompt_ids[start:] if start is not None else []
+    d: dict[str, Any] = {
+        "input_token_logprobs": [entry(lp, t) for lp, t in
+                                 zip(output.input_logprobs or [], prompt, strict=False)],
+        "output_token_logprobs": [entry(lp, t) for lp, t in
+                                  zip(output.output_logprobs or [], output.token_ids,
+                                      strict=False)],
+    }
+    d["output_token_logprobs_length"] = len(d["output_token_logprobs"])
+    if output.output_top_logprobs is not None:
+        d["input_top_logprobs"] = tops(output.input_top_logprobs)
+        d["output_top_logprobs"] = tops(output.output_top_logprobs)
+    return d
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """OpenAI's finish_reason strings; aborts and errors keep their own name."""
+    return reason or None
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One server-sent event: ``data: <json>\\n\\n`` (or ``data: [DONE]\\n\\n``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()

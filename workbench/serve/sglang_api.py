@@ -1,0 +1,133 @@
+"""SGLang-native routes of ``workbench serve``: ``/generate``, ``/health``, ``/server_info``
+(also ``/get_server_info``), ``/metrics`` and ``/v1/models``.
+
+``POST /generate`` takes SGLang 0.5.23's body (:func:`~workbench.serve.protocol.parse_generate`)
+and answers ``{"text", "output_ids", "meta_info"}``, ``meta_info`` as SGLang shapes it
+(:func:`~workbench.serve.responses.meta_info`; logprobs:
+:func:`~workbench.serve.responses.sglang_logprobs`); with ``stream: true`` server-sent events
+``data: {...}\\n\\n`` with cumulative ``text`` and ``output_ids``, ending ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from workbench.serve.frontend import AbortingStream, ServeState, check_failed, loop_down
+from workbench.serve.loop import Chunk
+from workbench.serve.metrics import render, snapshot
+from workbench.serve.protocol import HTTPError, parse_generate
+from workbench.serve.responses import meta_info, sglang_logprobs, sse
+from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
+
+# ---- engine-side views (run on the loop thread) ------------------------------------------------
+
+
+def server_info(engine: Any, name: str) -> dict[str, Any]:
+    """Model paths, spec and engine config, KV usage; SGLang-style keys where they exist."""
+    spec = engine.spec
+    spec_d = None if spec is None else {
+        "num_steps": spec.num_steps, "topk": spec.topk,
+        "num_draft_tokens": spec.num_draft_tokens, "policy": repr(spec.policy),
+        "draft_state": spec.draft_state, "simulate_accept_length": spec.simulate_accept_length,
+        "lossless": spec.lossless}
+    return {
+        "served_model_name": name,
+        "model_path": str(engine.model_path),
+        "draft_model_path": None if engine.draft_path is None else str(engine.draft_path),
+        "speculative_algorithm": None if spec is None else "EAGLE3",
+        "speculative_num_steps": None if spec is None else spec.num_steps,
+        "speculative_eagle_topk": None if spec is None else spec.topk,
+        "speculative_num_draft_tokens": None if spec is None else spec.num_draft_tokens,
+        "spec": spec_d,
+        "baseline_only": bool(engine.baseline_only),
+        "engine_config": dataclasses.asdict(engine.config),
+        "max_model_len": engine.max_model_len,
+        "kv": engine.kv_usage(),
+        # what SGLang's bench_serving reads for the server-wide accept length (upstream sets it
+        # only on a speculating server; so here)
+        "internal_states": [{} if spec is None else
+                            {"avg_spec_accept_length": engine.stats.accept_length}],
+    }
+
+
+def _token_decoder(engine: Any) -> Callable[[int], str] | None:
+    """One token id → its text (``return_text_in_logprobs``); None without a tokenizer."""
+    tok = engine.tokenizer
+    return None if tok is None else (lambda t: tok.decode([t]))
+
+
+def _num_positions(engine: Any) -> int:
+    spec = engine.spec
+    return 0 if spec is None else spec.num_steps
+
+
+# ---- routes ------------------------------------------------------------------------------------
+
+
+def add_sglang_routes(app: FastAPI, st: ServeState,
+                      body_of: Callable[[Any], Any]) -> None:
+    """Register SGLang's routes on ``app`` (``st``: the server's shared state; ``body_of``: its
+    bounded JSON body reader)."""
+    loop, name, limits = st.loop, st.name, st.limits
+
+    @app.get("/health")
+    async def health() -> Any:
+        """200 while the engine loop is alive and no step or command has run longer than
+        ``health_step_s``; 503 otherwise. The body reports the loop's heartbeat."""
+        if loop.error is not None or not loop.alive:
+            raise HTTPError(loop_down(loop), None, 503)
+        beat = loop.heartbeat()
+        if beat["busy_s"] > limits.health_step_s:
+            raise HTTPError(f"server: the engine loop has been busy for {beat['busy_s']:.1f} s "
+                            f"(bound {limits.health_step_s:g} s)", None, 503)
+        return {"status": "ok", "loop": beat}
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def info() -> Any:
+        return await st.call(lambda e: server_info(e, name))
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        snap, npos = await st.call(lambda e: (snapshot(e, loop), _num_positions(e)))
+        return PlainTextResponse(render(snap, npos, name),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                            "owned_by": "workbench"}]}
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Any:
+        t0 = time.perf_counter()
+        parsed = parse_generate(await body_of(request))
+        rid = parsed.rid or uuid.uuid4().hex
+        ticket, sink, adm = await st.admit(parsed)
+
+        decode = _token_decoder(loop.engine) if parsed.return_text_in_logprobs else None
+
+        def body(c: Chunk) -> dict[str, Any]:
+            meta = meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason, c.verify_ct,
+                             time.perf_counter() - t0, c.error, c.matched_stop, c.output)
+            if parsed.logprobs is not None and c.output is not None:
+                meta.update(sglang_logprobs(c.output, decode))
+            return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
+
+        if not parsed.stream:
+            c = await st.final(request, ticket, sink)
+            if c is None:
+                return Response(status_code=499)
+            check_failed(c)
+            return body(c)
+
+        async def events() -> AsyncIterator[bytes]:
+            async for c in st.chunks(ticket, sink):
+                yield sse(body(c))
+            yield sse("[DONE]")
+
+        return AbortingStream(events(), lambda: loop.abort(ticket))
