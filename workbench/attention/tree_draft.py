@@ -24,12 +24,18 @@ class TreeDraftAttention:
         b = len(prefix_slots)
         lk = max(int(s.numel()) for s in prefix_slots)
         dev = k_pool.device  # prefix slots arrive on the host (KVPool.slots)
-        idx = torch.stack([F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots])
-        idx = idx.flatten().to(dev)
-        self.k_buf = torch.cat([k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:]),
-                                k_pool.new_empty(b, max_tree, *k_pool.shape[2:])], dim=1)
-        self.v_buf = torch.cat([v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:]),
-                                v_pool.new_empty(b, max_tree, *v_pool.shape[2:])], dim=1)
+        idx = prefix_slots[0] if b == 1 else torch.stack(
+            [F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots]).flatten()
+        idx = idx.to(dev)
+        # the prefix is gathered straight into the buffer (one copy, not gather + cat)
+        self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
+        self.v_buf = v_pool.new_empty(b, lk + max_tree, *v_pool.shape[2:])
+        if b == 1:
+            torch.index_select(k_pool[0], 0, idx, out=self.k_buf[0, :lk])
+            torch.index_select(v_pool[0], 0, idx, out=self.v_buf[0, :lk])
+        else:
+            self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
+            self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
         self.pre_valid = torch.zeros(b, lk, dtype=torch.bool, device=dev)
         for i, s in enumerate(prefix_slots):
             self.pre_valid[i, : int(s.numel())] = True

@@ -72,7 +72,18 @@ class KVPool:
 
         Host on purpose: slots are plan metadata, and every attention backend plans on the host
         (``ragged_plan``, ``page_table``) and copies the finished plan to the device once;
-        building them on the GPU would cost a device→host sync per request."""
+        building them on the GPU would cost a device→host sync per request.
+
+        Blocks covering [start, end) that are one ascending run (the free list hands them out
+        so; a lone stream nearly always has them) are one ``arange``: 2 vs 13 µs per call on
+        the 2-core EPYC, paid 1 (plain) to 5 (speculative) times per step."""
+        page = self.page_size
+        if end > start:
+            b0, b1 = start // page, (end - 1) // page
+            first = blocks[b0]
+            if all(blocks[b0 + i] == first + i for i in range(1, b1 - b0 + 1)):
+                base = (first - b0) * page
+                return torch.arange(base + start, base + end, device="cpu")
         pos = torch.arange(start, end, device="cpu")
         table = torch.tensor(blocks, dtype=torch.int64, device="cpu")
         return table[pos // self.page_size] * self.page_size + pos % self.page_size

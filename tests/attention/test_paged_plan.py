@@ -1,0 +1,84 @@
+"""PagedAttention's per-forward plan: the one-run view path, the additive verify mask, and the
+KV pool's slot fast path it is fed by (issue 18)."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+
+from workbench.attention.paged import PagedAttention
+from workbench.engine.kv_cache import KVPool
+
+L, HKV, H, HD = 2, 2, 4, 8
+
+
+def _pools(slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(L, slots, HKV, HD, generator=g),
+            torch.randn(L, slots, HKV, HD, generator=g))
+
+
+def test_slots_fast_path_matches_the_block_table() -> None:
+    pool = KVPool(32, 4, 1, 1, 2, torch.float32, "cpu")
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 8)
+        blocks = rng.sample(range(32), n) if rng.random() < 0.5 else list(range(5, 5 + n))
+        start = rng.randint(0, 4 * n)
+        end = rng.randint(start, 4 * n)
+        pos = torch.arange(start, end)
+        table = torch.tensor(blocks, dtype=torch.int64)
+        assert pool.slots(blocks, start, end).tolist() == (table[pos // 4] * 4 + pos % 4).tolist()
+
+
+def _run(att: PagedAttention, q: torch.Tensor, k: torch.Tensor,
+         v: torch.Tensor) -> list[torch.Tensor]:
+    return [att.run(layer, q, k, v) for layer in range(L)]
+
+
+def test_one_run_path_writes_and_attends_like_the_gather_path() -> None:
+    """A request whose slots are one run (views) vs the same positions at scattered slots
+    (index_copy_ + gather): same pool writes, same outputs."""
+    k0, v0 = _pools(64)
+    t, prefix = 3, 9
+    run_slots = torch.arange(20, 20 + prefix + t)
+    scattered = torch.tensor(random.Random(1).sample(range(64), prefix + t))
+    kp2, vp2 = k0.clone(), v0.clone()
+    kp2[:, scattered] = k0[:, run_slots]
+    vp2[:, scattered] = v0[:, run_slots]
+    a = PagedAttention(k0, v0, H)
+    b = PagedAttention(kp2, vp2, H)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(t, H, HD, generator=g), torch.randn(t, HKV, HD, generator=g),
+               torch.randn(t, HKV, HD, generator=g))
+    a.plan(run_slots[prefix:], [t], [run_slots])
+    b.plan(scattered[prefix:], [t], [scattered])
+    assert a.span_k is not None and b.span_k is None
+    for oa, ob in zip(_run(a, q, k, v), _run(b, q, k, v), strict=True):
+        torch.testing.assert_close(oa, ob, rtol=1e-6, atol=1e-6)
+    assert torch.equal(a.k_pool[:, run_slots], b.k_pool[:, scattered])
+    assert torch.equal(a.v_pool[:, run_slots], b.v_pool[:, scattered])
+
+
+def test_verify_mask_is_additive_and_bit_identical_to_the_bool_mask() -> None:
+    k0, v0 = _pools(64)
+    t, prefix = 4, 6
+    slots = torch.arange(10, 10 + prefix + t)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    att = PagedAttention(k0.clone(), v0.clone(), H)
+    att.plan(slots[prefix:], [t], [slots], [tree])
+    assert att.mask is not None and att.mask.dtype == torch.float32
+    bool_mask = torch.cat([torch.ones(t, prefix, dtype=torch.bool), tree], 1)
+    assert torch.equal(att.mask[0, 0] == 0, bool_mask)
+    assert bool(torch.isinf(att.mask[0, 0][~bool_mask]).all())
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(t, H, HD, generator=g), torch.randn(t, HKV, HD, generator=g),
+               torch.randn(t, HKV, HD, generator=g))
+    out = att.run(0, q, k, v)
+    kk = att.k_pool[0, slots].unsqueeze(0).transpose(1, 2)
+    vv = att.v_pool[0, slots].unsqueeze(0).transpose(1, 2)
+    ref = F.scaled_dot_product_attention(q.unsqueeze(0).transpose(1, 2), kk, vv,
+                                         attn_mask=bool_mask.view(1, 1, t, -1), enable_gqa=True)
+    assert torch.equal(out, ref.transpose(1, 2).reshape(t, H, HD))
