@@ -10,6 +10,7 @@ its finished plan once.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,10 +216,12 @@ class ModelRunner:
             write.append(slots[slots.numel() - (e - s):])
             kv.append(slots)
             q_lens.append(e - s)
-        self.draft_attn.plan(torch.cat(write), q_lens, kv)
-        hidden = self.draft.features(torch.cat(feats))
-        ends = torch.tensor(q_lens, device=dev).cumsum(0) - 1
+        def cat(xs: list[torch.Tensor]) -> torch.Tensor:  # bs=1: no copy
+            return xs[0] if len(xs) == 1 else torch.cat(xs)
+
+        self.draft_attn.plan(cat(write), q_lens, kv)
+        hidden = self.draft.features(cat(feats))
+        ends = torch.tensor(list(itertools.accumulate(q_lens)), device=dev) - 1
         # logits only where the next draft starts (a catch-up over m positions needs 1 row)
-        logits, out = self.draft(torch.cat(toks), hidden, torch.cat(pos), self.draft_attn,
-                                 logit_rows=ends)
+        logits, out = self.draft(cat(toks), hidden, cat(pos), self.draft_attn, logit_rows=ends)
         return logits, out, ends, q_lens
