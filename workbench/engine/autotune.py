@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from workbench.bench.machine import cpu_flags, cpu_model
-from workbench.models.llama import gemm_ops, onednn_ok, prepare_weight
+from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
 
 ENV_CACHE = "WORKBENCH_AUTOTUNE_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "workbench" / "autotune.json"

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from workbench.models.llama import onednn_linear, onednn_linear_add, rolled_rope_tables
+from workbench.models.gemm import onednn_linear, onednn_linear_add
+from workbench.models.rope import rolled_rope_tables
 
 BUDGET_S = float(os.environ.get("WORKBENCH_COMPILE_BUDGET_S", "300"))
 MARGIN = 0.03  # compiled must beat eager by this much to be kept under "auto"
@@ -206,10 +207,13 @@ def _make_fn(engine: Any, key: int) -> Callable[..., Any]:
 
 def _decode_timer(engine: Any, fn: Callable[..., Any] | None, context: int = 64
                   ) -> Callable[[], Any]:
-    """One bs=1 decode forward at ``context`` tokens (slots 0..context of the empty pool)."""
-    slots = torch.arange(context + 1)
-    tokens = torch.tensor([1])
-    pos = torch.tensor([context])
+    """One bs=1 decode forward at ``context`` tokens (slots 0..context of the empty pool).
+
+    ``device="cpu"`` on purpose: the compile stage runs only on CPU engines (compile_stage
+    skips any other device), and slots are host plan metadata on every device."""
+    slots = torch.arange(context + 1, device="cpu")
+    tokens = torch.tensor([1], device="cpu")
+    pos = torch.tensor([context], device="cpu")
 
     def eager() -> Any:
         engine.attn.plan(slots[context:], [1], [slots])

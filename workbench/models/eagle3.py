@@ -190,9 +190,11 @@ class Eagle3Draft(nn.Module):
         self.midlayer = Eagle3Layer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.rotary = Rotary(cfg.as_model_config())
+        dev = self.fc.weight.device  # where the module is being built (default or meta)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64,
+                                                device=dev))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool, device=dev))
+        self.rotary = Rotary(cfg.as_model_config(), dev)
         self.embed: nn.Embedding | None = embed
         self.gemm = "dense"
         self._fast: dict[str, Any] | None = None  # set by fuse()

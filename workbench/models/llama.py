@@ -10,8 +10,7 @@ serves two callers:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +19,42 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.config import ModelConfig
+from workbench.models.gemm import (
+    EXACT_M,
+    GEMMS,
+    M_BUCKET,
+    PACK_HINT,
+    Linear,
+    LinearAdd,
+    dense_linear_add,
+    fuse_linears,
+    gemm_ops,
+    onednn_linear,
+    onednn_linear_add,
+    onednn_ok,
+    pack,
+    prepare_weight,
+    resolve_gemm,
+    row_bucket,
+)
+from workbench.models.rope import (
+    Rotary,
+    apply_rope,
+    apply_rope_rolled,
+    rolled_rope_tables,
+    rope_inv_freq,
+)
+
+# Split out of this module (issue 19): RoPE (models/rope.py) and the GEMM paths
+# (models/gemm.py); their names stay importable from here.
+__all__ = [
+    "EXACT_M", "GEMMS", "M_BUCKET", "PACK_HINT", "MLP", "Attention", "AttentionBackend",
+    "DecoderLayer", "FastLayer", "Linear", "LinearAdd", "LlamaForCausalLM", "LlamaModel",
+    "RMSNorm", "Rotary", "apply_rope", "apply_rope_rolled", "dense_linear_add", "fuse_linears",
+    "gather_taps", "gemm_ops", "init_weights", "onednn_linear", "onednn_linear_add", "onednn_ok",
+    "pack", "prepare_weight", "resolve_gemm", "rolled_rope_tables", "rope_inv_freq",
+    "row_bucket",
+]
 
 
 class AttentionBackend(Protocol):
@@ -31,9 +66,11 @@ class AttentionBackend(Protocol):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, device: torch.device | str | None = None) -> None:
+        """``device`` None: torch's current default device (as ``nn.Linear``'s parameters;
+        the loader builds models under ``torch.device("meta")``)."""
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -44,217 +81,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(dtype)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies (hd/2,) including ``rope_scaling`` (linear, llama3)."""
-    hd = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-    rs = cfg.rope_scaling
-    if not rs:
-        return inv
-    kind = rs.get("rope_type", rs.get("type"))
-    if kind == "linear":
-        return inv / float(rs["factor"])
-    if kind == "llama3":
-        factor = float(rs["factor"])
-        low = float(rs.get("low_freq_factor", 1.0))
-        high = float(rs.get("high_freq_factor", 4.0))
-        old_ctx = float(rs.get("original_max_position_embeddings", 8192))
-        low_wl, high_wl = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > low_wl, inv / factor, inv)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        mid = (1 - smooth) * scaled / factor + smooth * scaled
-        is_mid = (wavelen >= high_wl) & (wavelen <= low_wl)
-        return torch.where(is_mid, mid, scaled)
-    return inv
-
-
-class Rotary(nn.Module):
-    """cos/sin table indexed by absolute position; grown on demand."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self._cos = torch.empty(0)
-        self._sin = torch.empty(0)
-        self._sin_signed = torch.empty(0)  # sin with its first half negated (apply_rope_rolled)
-
-    def table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cos.shape[0] < n or self._cos.dtype != dtype:
-            size = max(n, 2 * self._cos.shape[0], 256)
-            t = torch.arange(size, dtype=torch.int64, device=self.inv_freq.device).float()
-            freqs = torch.outer(t, self.inv_freq)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
-            half = self._sin.shape[-1] // 2
-            self._sin_signed = torch.cat((-self._sin[:, :half], self._sin[:, half:]), dim=-1)
-        return self._cos, self._sin
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        cos, sin = self.table(int(positions.max()) + 1 if positions.numel() else 1, dtype)
-        return cos[positions], sin[positions]
-
-    def rolled(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``rolled_rope_tables(*cos_sin(positions, dtype))`` as two row gathers from cached
-        tables (the signed sin is built with the table): the same values (negation is exact),
-        6 ops instead of ~12 — 24 vs ~10 µs per forward on the 2-core EPYC, paid once per
-        target forward and once per draft step. A ``cos_sin`` shadowing the method on the
-        instance (``engine.cuda_graphs.static_rotary``: fixed, sync-free tables) is honoured."""
-        if "cos_sin" in vars(self):
-            return rolled_rope_tables(*self.cos_sin(positions, dtype))
-        self.table(int(positions.max()) + 1 if positions.numel() else 1, dtype)
-        idx = positions.to(self._cos.device)  # as advanced indexing does (no-op when there)
-        return (self._cos.index_select(0, idx).unsqueeze(-2),
-                self._sin_signed.index_select(0, idx).unsqueeze(-2))
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (..., T, heads, hd); cos/sin: (..., T, hd) broadcast over heads."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.unsqueeze(-2) + rot * sin.unsqueeze(-2)
-
-
-def rolled_rope_tables(cos: torch.Tensor,
-                       sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Once per forward: (T, hd) cos/sin → (T, 1, hd) cos and sin with its first half negated,
-    for :func:`apply_rope_rolled`."""
-    half = sin.shape[-1] // 2
-    return cos.unsqueeze(-2), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(-2)
-
-
-def apply_rope_rolled(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """:func:`apply_rope` in 4 ops instead of 7 — ``x·cos + roll(x, hd/2)·sin_signed``: the same
-    products and sum, so the same values. cos/sin_signed from :func:`rolled_rope_tables`."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
-
-
-def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One (sum(out), in) weight for ``linears`` (and bias), each linear's parameter becoming a
-    view of it, so there is one copy of the weights and in-place updates reach both.
-
-    On CPU the storage is transposed — (in, out) contiguous, the weight a ``.t()`` view — because
-    MKL reads that layout much faster for the engine's small-M GEMMs (the 18 layers of wb-target
-    on the 2-core EPYC: 1.9 ms vs 3.5 ms per token at T=1, 3.2 vs 3.9 ms at T=6, equal at T=16).
-    On CUDA the layout stays (out, in) (cuBLAS reads both)."""
-    ws = [lin.weight.detach() for lin in linears]
-    cpu = ws[0].device.type == "cpu"
-    with torch.no_grad():
-        if cpu:
-            store = torch.cat([w.t() for w in ws], dim=1).contiguous()  # (in, sum out)
-            w = store.t()
-        else:
-            w = torch.cat(ws).contiguous() if len(ws) > 1 else ws[0]
-        o = 0
-        for lin in linears:
-            n = lin.weight.shape[0]
-            lin.weight.data = w[o : o + n]
-            o += n
-        b = None
-        if linears[0].bias is not None:
-            b = torch.cat([lin.bias.detach() for lin in linears]).contiguous()
-            o = 0
-            for lin in linears:
-                n = lin.bias.shape[0]
-                lin.bias.data = b[o : o + n]
-                o += n
-    return w, b
-
-
-GEMMS = ("auto", "onednn", "dense")
-
-
-def onednn_ok(weight: torch.Tensor) -> bool:
-    """Can oneDNN pack this weight? (float32 on a CPU with mkldnn.)"""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
-
-
-def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
-    """``onednn``: weights packed once by oneDNN (CPU float32; what Inductor's freezing pass
-    does); ``dense``: plain ``F.linear``. ``auto`` here is ``dense`` (views, no packing): which
-    path is faster depends on the machine — oneDNN won 1.6-2.5x at small M on a 2-core EPYC and
-    lost 1.57x on a 2-core Xeon — so the engine times both at init on the real weights and
-    re-fuses with the winner (``workbench.engine.autotune``)."""
-    if kind not in GEMMS:
-        raise ValueError(f"gemm: {kind!r} not in {GEMMS}")
-    if kind == "onednn" and not onednn_ok(weight):
-        raise ValueError(f"gemm='onednn' needs a float32 CPU model with mkldnn; got "
-                         f"{weight.dtype} on {weight.device} (mkldnn available: "
-                         f"{torch.backends.mkldnn.is_available()})")
-    return "onednn" if kind == "onednn" else "dense"
-
-
-# Packing batch hint: the oneDNN kernel chosen for M=16 serves M=1 as fast as the GEMV and
-# M=6..64 2-2.5x faster than MKL's small-M path on the 2-core EPYC (wb-target's 18 layers:
-# T=1 1.6 vs 2.7 ms, T=6 1.9 vs 4.9 ms, T=16 2.5 vs 6.6 ms, T=300 19 vs 42 ms).
-PACK_HINT = 16
-# oneDNN builds (JIT-compiles) and caches one primitive per input shape, and RSS grows with
-# the number of distinct row counts M it has seen (the 18 layers of wb-target: +430 MB after
-# M = 65..199). So rows are used as they come up to EXACT_M (decode batches, chain and N<=16
-# tree verifies at bs=1, draft steps: padding those would cost ~0.7 ms per chain verify), then
-# padded up to a power of two up to M_BUCKET, then to a multiple of M_BUCKET: at most
-# EXACT_M + 2 + max_rows / 64 shapes, so a long-running engine stops growing once it has seen
-# them. Padded rows are zeros and never change the real rows' results (oneDNN computes each row
-# the same way at every M; the lossless and oracle tests run through these paths).
-EXACT_M = 16
-M_BUCKET = 64
-
-
-def pack(w: torch.Tensor) -> torch.Tensor:
-    """oneDNN-packed copy of a (out, in) float32 weight (an opaque ``_mkldnn`` tensor)."""
-    return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
-
-
-def row_bucket(m: int) -> int:
-    """The padded row count for ``m`` rows (1..16 as is, 32, 64, 128, 192, ...)."""
-    if m <= EXACT_M:
-        return m
-    if m <= M_BUCKET:
-        return 1 << (m - 1).bit_length()
-    return -(-m // M_BUCKET) * M_BUCKET
-
-
-def onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x (M, in) · packed wᵀ (+ b), rows padded to :func:`row_bucket`."""
-    m = x.shape[0]
-    mb = row_bucket(m)
-    if mb == m:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-    xp = F.pad(x, (0, 0, 0, mb - m))
-    return torch.ops.mkldnn._linear_pointwise(xp, w, b, "none", [], "")[:m]
-
-
-def onednn_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-    """res + x·wᵀ in one oneDNN call (post-op add)."""
-    m = x.shape[0]
-    mb = row_bucket(m)
-    if mb == m:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, res, w, None, "add")
-    xp, rp = F.pad(x, (0, 0, 0, mb - m)), F.pad(res, (0, 0, 0, mb - m))
-    return torch.ops.mkldnn._linear_pointwise.binary(xp, rp, w, None, "add")[:m]
-
-
-def dense_linear_add(x: torch.Tensor, w: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
-    return torch.addmm(res, x, w.t())
-
-
-Linear = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
-LinearAdd = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def gemm_ops(gemm: str) -> tuple[Linear, LinearAdd]:
-    """(linear(x, w, b), linear_add(x, w, residual)) for fused weights prepared for ``gemm``."""
-    if gemm == "onednn":
-        return onednn_linear, onednn_linear_add
-    return F.linear, dense_linear_add
-
-
-def prepare_weight(w: torch.Tensor, gemm: str) -> torch.Tensor:
-    """The weight as ``gemm_ops(gemm)`` reads it: a packed copy (onednn) or ``w`` itself."""
-    return pack(w) if gemm == "onednn" else w
 
 
 class Attention(nn.Module):
@@ -523,5 +349,6 @@ def init_weights(model: nn.Module, std: float = 0.02, seed: int = 0) -> None:
                 p.fill_(1.0)
             elif name.endswith(".bias"):
                 p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:  # drawn on the host on purpose (a CPU generator: the same weights on every
+                # device), then copied to the parameter's device
+                p.copy_(torch.randn(p.shape, generator=g, device="cpu") * std)
