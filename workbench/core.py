@@ -49,7 +49,8 @@ def accept_length(accepted: int, verify_ct: int) -> float:
     """τ, the one definition (SGLang/vLLM ``spec_accept_length`` semantics): tokens emitted per
     verify step = accepted draft tokens per step + the bonus token; 1.0 with no verify steps.
     (SGLang's per-request ``meta_info`` field divides completion_tokens instead, prefill token
-    and plain-decoded tokens included: serve/protocol.py reports that one, as upstream.)"""
+    and plain-decoded tokens included, over SGLang's rounds: remote/sglang.py's
+    sglang_spec_meta computes that one for /generate, as upstream.)"""
     return (accepted + verify_ct) / verify_ct if verify_ct else 1.0
 
 
@@ -62,6 +63,9 @@ class RequestMetrics:
     drafted_tokens: int = 0
     accepted_per_depth: list[int] = field(default_factory=list)
     plain_steps: int = 0
+    # plain decode steps taken while the engine speculated (spec set: policy off, one token
+    # left, a draft not capable): SGLang counts each as a round (steps-0, 0 correct drafts)
+    spec_plain_steps: int = 0
     preemptions: int = 0
     arrival: float = 0.0
     first_token: float | None = None

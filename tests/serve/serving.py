@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,17 +51,40 @@ def micro_engine(target: Path, head: Path) -> wb.Engine:
 
 @contextlib.contextmanager
 def serving(target: Path, head: Path, limits: ServeLimits | None = None,
-            ) -> Iterator[ServerHandle]:
-    """A live server on loopback around a fresh :func:`micro_engine` with SPEC on; stopped and
-    its engine closed on exit."""
+            spec: wb.SpecConfig = SPEC) -> Iterator[ServerHandle]:
+    """A live server on loopback around a fresh :func:`micro_engine` with ``spec`` on; stopped
+    and its engine closed on exit."""
     engine = micro_engine(target, head)
-    engine.set_spec(SPEC)
+    engine.set_spec(spec)
     handle = start_server(engine, "127.0.0.1", 0, limits=limits)
     try:
         yield handle
     finally:
         handle.stop()
         engine.close()
+
+
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"\})? (\S+)$')
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {"name{labels}": value}; every non-comment line must parse."""
+    out: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = METRIC_LINE.match(line)
+        assert m, f"unparseable metrics line {line!r}"
+        assert m.group(1) in types, f"{m.group(1)} has no # TYPE line"
+        labels = m.group(2) or ""
+        if labels.startswith("{model_name="):  # SGLang's label on every sglang: series
+            assert labels == '{model_name="model"}', labels
+            labels = ""
+        out[m.group(1) + labels] = float(m.group(3))
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,8 @@ def test_bench_serving_runs_against_workbench_serve(served: str, tmp_path: Path)
 
 def test_workbench_bench_reads_exact_rounds(served: str) -> None:
     """``bench --url``: per-round accept lengths from spec_correct_drafts_histogram add up to
-    the server's own verify and acceptance counters over the same requests."""
+    the server's own verify and acceptance counters over the same requests (plus its plain
+    rounds, accept length 1 each)."""
     from workbench.bench.http import run_http_bench
 
     before = _metrics(served)
@@ -122,7 +123,9 @@ def test_workbench_bench_reads_exact_rounds(served: str) -> None:
         "vllm:spec_decode_num_drafts_total"]
     accepted = after["vllm:spec_decode_num_accepted_tokens_total"] - before[
         "vllm:spec_decode_num_accepted_tokens_total"]
-    assert len(rounds) == verify == sum(r["verify_ct"] for r in reqs) > 0
+    # SGLang's rounds: our verify steps, and the plain steps the speculating server took
+    # (one token left, ...) as rounds with 0 correct drafts
+    assert len(rounds) == sum(r["verify_ct"] for r in reqs) >= verify > 0
     assert sum(rounds) - len(rounds) == accepted
     assert sum(res["accept_length_histogram"]) == len(rounds)
     assert res["round_accept_length"] == pytest.approx(sum(rounds) / len(rounds))

@@ -191,6 +191,7 @@ class EagleWorker:
                 continue
             r.kv_len += 1
             r.metrics.plain_steps += 1
+            r.metrics.spec_plain_steps += int(self.spec is not None)
             if aux is not None and r.draft.capable:
                 r.draft.keep_feats(aux[i : i + 1], window)
                 warm.append(r)

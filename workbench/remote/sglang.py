@@ -7,8 +7,11 @@ What the client reads from SGLang 0.5.23 (``meta_info`` of a finished ``/generat
 drafts: per-round accept length k + 1, bonus included) and ``completion_tokens``. Under adaptive
 speculation a steps-0 (plain) round is a verify round with 0 correct drafts: SGLang counts it in
 ``spec_verify_ct`` and ``histogram[0]``. The client keeps SGLang's counting, and
-:func:`sglang_accept_lengths` puts an engine run on the same counting (its plain steps as
-accept length 1), so τ means the same thing on both sides.
+:func:`sglang_accept_lengths` puts an engine run on the same counting (the plain steps of a
+speculating engine as accept length 1), so τ means the same thing on both sides. It is the one
+definition of those rounds: ``workbench serve`` builds its ``meta_info`` speculation fields from
+it (:func:`sglang_spec_meta`), so it sends what SGLang would send for the same rounds, and
+reading them back (:func:`round_accept_lengths`) gives the same rounds.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from workbench.trace.tracer import NULL_TRACER
 
 __all__ = ["DEFAULT_SPEC", "SIMULATE_ACC_LEN_ENV", "LaunchPlan", "SGLangClient",
            "accept_lengths_from_histogram", "approx_accept_lengths", "launch_command",
-           "launch_plan", "round_accept_lengths", "sglang_accept_lengths",
-           "sglang_sampling_params", "wait_healthy"]
+           "correct_drafts_histogram", "launch_plan", "round_accept_lengths",
+           "sglang_accept_lengths", "sglang_sampling_params", "sglang_spec_meta",
+           "wait_healthy"]
 
 
 def wait_healthy(url: str, timeout: float = 900.0, interval: float = 2.0,
@@ -132,10 +136,53 @@ def round_accept_lengths(meta: dict[str, Any]) -> list[int]:
 
 
 def sglang_accept_lengths(metrics: RequestMetrics) -> list[int]:
-    """An engine request's accept lengths counted as SGLang counts them under adaptive
-    speculation: every plain step is a round of accept length 1 (SGLang's steps-0 rounds land
-    in ``spec_verify_ct`` and ``histogram[0]``). Compare its mean with a box run's τ."""
-    return list(metrics.accept_lengths) + [1] * metrics.plain_steps
+    """An engine request's rounds counted as SGLang counts them: each verify step (its accept
+    length) and each plain decode step the engine took while speculating
+    (``spec_plain_steps``: policy off, one token left) as a round of accept length 1, as
+    SGLang's steps-0 rounds under adaptive speculation land in ``spec_verify_ct`` and
+    ``histogram[0]``. A baseline engine's plain steps are no rounds (SGLang without speculation
+    counts none). Compare its mean with a box run's τ."""
+    return list(metrics.accept_lengths) + [1] * metrics.spec_plain_steps
+
+
+def correct_drafts_histogram(accept_lengths: Sequence[int]) -> list[int]:
+    """SGLang's ``spec_correct_drafts_histogram`` of rounds with these accept lengths: h[k] =
+    rounds with k correct drafts (accept length k + 1), as long as the largest k seen + 1;
+    sums to the number of rounds. Inverse: :func:`accept_lengths_from_histogram`."""
+    h: list[int] = []
+    for a in accept_lengths:
+        k = a - 1
+        h.extend([0] * (k + 1 - len(h)))
+        h[k] += 1
+    return h
+
+
+def sglang_spec_meta(metrics: RequestMetrics, completion_tokens: int,
+                     num_draft_tokens: int) -> dict[str, Any]:
+    """The speculation fields SGLang 0.5.23 puts in a finished request's ``meta_info``
+    (``TokenizerManager``'s spec metrics) for the rounds :func:`sglang_accept_lengths` counts
+    (``{}`` without rounds): ``spec_verify_ct`` (rounds), ``spec_accept_length`` =
+    completion_tokens / spec_verify_ct (the prefill's token in the numerator),
+    ``spec_num_correct_drafts`` (bonus excluded), ``spec_num_proposed_drafts`` =
+    spec_verify_ct × (``num_draft_tokens`` − 1) (SGLang's formula: a steps-0 round proposes
+    N − 1 too), ``spec_accept_rate`` = correct / proposed and
+    ``spec_correct_drafts_histogram`` (sums to spec_verify_ct). ``num_draft_tokens``: the
+    engine's N (SpecConfig.num_draft_tokens), as SGLang reads its launch value."""
+    rounds = sglang_accept_lengths(metrics)
+    verify_ct = len(rounds)
+    if verify_ct == 0:
+        return {}
+    d: dict[str, Any] = {}
+    proposed = verify_ct * (num_draft_tokens - 1)
+    correct = sum(rounds) - verify_ct
+    if proposed > 0:
+        d["spec_accept_rate"] = correct / proposed
+        d["spec_accept_length"] = completion_tokens / verify_ct
+        d["spec_num_correct_drafts"] = correct
+        d["spec_num_proposed_drafts"] = proposed
+        d["spec_verify_ct"] = verify_ct
+    d["spec_correct_drafts_histogram"] = correct_drafts_histogram(rounds)
+    return d
 
 
 def _finish_type(fr: Any) -> str:

@@ -76,7 +76,7 @@ class Chunk:
 
     token_ids: list[int]
     text: str
-    verify_ct: int
+    num_draft_tokens: int  # the engine's SpecConfig N when the chunk was made; 0: no spec
     finished: bool
     finish_reason: str | None = None
     error: str | None = None
@@ -311,7 +311,7 @@ class EngineLoop:
                 out = self.engine.output(o.rid)
                 # a partial stop string may still complete: not shown until it cannot
                 text = hold_back_stops(out.text, t.sampling.stop)
-                t.sink.put(Chunk(out.token_ids, text, out.metrics.verify_ct, False,
+                t.sink.put(Chunk(out.token_ids, text, self._num_draft_tokens(), False,
                                  output=out))
         if self._live and not self.engine.has_unfinished():
             # Safety net: the engine holds no work, so nothing live can progress any more.
@@ -327,8 +327,12 @@ class EngineLoop:
         # forget finished ones so a long-running server does not grow without bound.
         self.engine.requests.pop(rid, None)
         self._done(t)
-        t.sink.put(Chunk(out.token_ids, out.text, out.metrics.verify_ct, True, reason,
+        t.sink.put(Chunk(out.token_ids, out.text, self._num_draft_tokens(), True, reason,
                          error or out.error, out, out.matched_stop))
+
+    def _num_draft_tokens(self) -> int:
+        spec = self.engine.spec
+        return 0 if spec is None else int(spec.num_draft_tokens)
 
     def _close(self, error: str | None) -> None:
         """Refuse new work; finish live requests (aborted, or failed with ``error``)."""

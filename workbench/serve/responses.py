@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.core import RequestOutput
+from workbench.remote.sglang import sglang_spec_meta
 
 
 def sglang_finish_reason(reason: str | None, token_ids: list[int], error: str | None = None,
@@ -29,35 +30,18 @@ def sglang_finish_reason(reason: str | None, token_ids: list[int], error: str | 
     return {"type": reason, "message": error or reason}
 
 
-def spec_accept_length(completion_tokens: int, verify_ct: int) -> float:
-    """SGLang's per-request τ = completion_tokens / spec_verify_ct (1.0 without verify steps)."""
-    return completion_tokens / verify_ct if verify_ct else 1.0
-
-
-def correct_drafts_histogram(accept_lengths: list[int]) -> list[int]:
-    """SGLang's ``spec_correct_drafts_histogram``: h[k] = verify rounds with k correct drafts
-    (accept length k + 1), as long as the largest k seen + 1; sums to ``spec_verify_ct``."""
-    h: list[int] = []
-    for a in accept_lengths:
-        k = a - 1
-        h.extend([0] * (k + 1 - len(h)))
-        h[k] += 1
-    return h
-
-
 def meta_info(rid: str, prompt_tokens: int, token_ids: list[int], finish: str | None,
-              verify_ct: int, e2e_latency: float, error: str | None = None,
+              e2e_latency: float, error: str | None = None,
               matched: int | str | None = None, output: RequestOutput | None = None,
-              ) -> dict[str, Any]:
+              num_draft_tokens: int = 0) -> dict[str, Any]:
     """SGLang 0.5.23 ``meta_info`` of one (possibly partial) response. Always: id,
     finish_reason, prompt_tokens, completion_tokens, cached_tokens (0: no prefix cache here),
     reasoning_tokens, weight_version, num_retractions (preemptions); once finished e2e_latency
-    and, when the request had verify rounds, spec_verify_ct, spec_accept_length
-    (completion_tokens / spec_verify_ct, the prefill's token in the numerator as upstream),
-    spec_accept_rate (correct / proposed drafts), spec_num_correct_drafts (bonus excluded),
-    spec_num_proposed_drafts (drafted tree nodes, = verify_ct x (N - 1)) and
-    spec_correct_drafts_histogram (:func:`correct_drafts_histogram`). Streamed chunks carry no
-    spec fields, as upstream."""
+    and, when the request had rounds as SGLang counts them (its verify steps and the plain
+    steps a speculating engine took), SGLang's speculation fields for those rounds
+    (:func:`workbench.remote.sglang.sglang_spec_meta`, the one definition the remote client
+    reads back; ``num_draft_tokens``: the engine's N when the request finished, 0 when it was
+    not speculating). Streamed chunks carry no spec fields, as upstream."""
     n = len(token_ids)
     met = output.metrics if output is not None else None
     d: dict[str, Any] = {
@@ -67,17 +51,8 @@ def meta_info(rid: str, prompt_tokens: int, token_ids: list[int], finish: str | 
         "reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0}
     if finish:
         d["e2e_latency"] = e2e_latency
-        if verify_ct > 0:
-            d["spec_verify_ct"] = verify_ct
-            d["spec_accept_length"] = spec_accept_length(n, verify_ct)
-            if met is not None:
-                correct = sum(met.accept_lengths) - len(met.accept_lengths)
-                proposed = met.drafted_tokens
-                d["spec_accept_rate"] = correct / proposed if proposed else 0.0
-                d["spec_num_correct_drafts"] = correct
-                d["spec_num_proposed_drafts"] = proposed
-                d["spec_correct_drafts_histogram"] = correct_drafts_histogram(
-                    met.accept_lengths)
+        if met is not None and num_draft_tokens > 0:
+            d.update(sglang_spec_meta(met, n, num_draft_tokens))
     return d
 
 

@@ -112,8 +112,9 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
         decode = _token_decoder(loop.engine) if parsed.return_text_in_logprobs else None
 
         def body(c: Chunk) -> dict[str, Any]:
-            meta = meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason, c.verify_ct,
-                             time.perf_counter() - t0, c.error, c.matched_stop, c.output)
+            meta = meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason,
+                             time.perf_counter() - t0, c.error, c.matched_stop, c.output,
+                             c.num_draft_tokens)
             if parsed.logprobs is not None and c.output is not None:
                 meta.update(sglang_logprobs(c.output, decode))
             return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
