@@ -48,6 +48,8 @@ class Status(enum.Enum):
 def accept_length(accepted: int, verify_ct: int) -> float:
     """τ, the one definition (SGLang/vLLM ``spec_accept_length`` semantics): tokens emitted per
     verify step = accepted draft tokens per step + the bonus token; 1.0 with no verify steps.
+    ``accepted`` is Σ(emitted − 1) over the steps: a block cut at a stop or max_new_tokens
+    counts the tokens it kept (SGLang's ``spec_num_correct_drafts`` counts the whole block).
     (SGLang's per-request ``meta_info`` field divides completion_tokens instead, prefill token
     and plain-decoded tokens included, over SGLang's rounds: remote/sglang.py's
     sglang_spec_meta computes that one for /generate, as upstream.)"""

@@ -387,12 +387,13 @@ class Engine:
             return
         # phases are contiguous: "schedule" runs from the step's start to the decode work
         phases["schedule"] = _ms(t_start) - phases.get("prefill", 0.0)
-        ran, accepted = self.worker.speculate(batch.speculate, batch.decision, outputs,
-                                              phases) if batch.speculate else ([], [])
+        ran, accepted = self.worker.speculate(batch, outputs, phases) if batch.speculate \
+            else ([], [])
         plain = batch.plain_after(ran)  # policy off, no room for a tree, draft not ready
         if plain:
             self.worker.plain(plain, outputs, phases)
-        self.worker.end_step(batch, "spec" if ran else "plain", accepted, phases, _ms(t_start))
+        self.worker.end_step(batch, "spec" if accepted else "plain", accepted, phases,
+                             _ms(t_start))
 
 
 def _ms(t0: float) -> float:

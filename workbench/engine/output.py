@@ -10,7 +10,7 @@ single request on request-scoped numeric errors (``bad_logits``) and builds the 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,6 +19,14 @@ from workbench.core import Request, RequestOutput, StepOutput, TopLogprobs
 from workbench.engine.scheduler import Scheduler
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
+
+
+class Cut(NamedTuple):
+    """Where :meth:`OutputProcessor.append_tokens` stops in a block of new tokens."""
+
+    keep: int  # tokens appended
+    reason: str | None  # "stop" / "length" (the request finishes), or None
+    matched: int | str | None  # the stop id or string that matched ("stop")
 
 
 class OutputProcessor:
@@ -39,34 +47,38 @@ class OutputProcessor:
         return min(r.sampling.max_new_tokens - (len(r.tokens) - len(r.prompt_ids)),
                    self.max_model_len - len(r.tokens))
 
-    def append_tokens(self, r: Request, new: list[int], from_draft: list[bool],
-                      outputs: dict[int, StepOutput]) -> None:
-        """Append tokens one at a time, applying stop ids / EOS, stop strings, max_new_tokens
-        and the context length after each: a block of accepted draft tokens ends exactly where
-        plain decoding of the same tokens would (lossless stops)."""
+    def cut(self, r: Request, new: list[int]) -> Cut:
+        """How many of ``new`` :meth:`append_tokens` keeps (it stops after a stop id / EOS, a
+        completed stop string, max_new_tokens or the context length, checked after each
+        token), why it stops and the matched stop; ``r`` is not changed."""
         sp = r.sampling
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        check_text = bool(sp.stop) and self.tokenizer is not None
+        room = self.room(r)
+        for j, tok in enumerate(new, 1):
+            if tok in stops:
+                return Cut(j, "stop", tok)
+            if check_text:
+                hit = self._stop_string(r, new[:j])
+                if hit is not None:
+                    return Cut(j, "stop", hit)
+            if j >= room:  # max_new_tokens or the context length reached
+                return Cut(j, "length", None)
+        return Cut(len(new), None, None)
+
+    def append_tokens(self, r: Request, new: list[int], from_draft: list[bool],
+                      outputs: dict[int, StepOutput], cut: Cut | None = None) -> int:
+        """Append tokens under the stop rules (:meth:`cut`, or ``cut`` when the caller already
+        asked): a block of accepted draft tokens ends exactly where plain decoding of the same
+        tokens would (lossless stops). Returns how many tokens it appended."""
         now = time.perf_counter()
         if r.metrics.first_token is None:
             r.metrics.first_token = now
-        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
-        check_text = bool(sp.stop) and self.tokenizer is not None
-        kept: list[int] = []
-        reason = None
-        room = self.room(r)
-        for tok in new:
-            kept.append(tok)
-            r.tokens.append(tok)
-            if tok in stops:
-                reason, r.matched_stop = "stop", tok
-                break
-            if check_text:
-                hit = self._stop_string(r)
-                if hit is not None:
-                    reason, r.matched_stop = "stop", hit
-                    break
-            if len(kept) >= room:  # max_new_tokens or the context length reached
-                reason = "length"
-                break
+        n, reason, matched = cut if cut is not None else self.cut(r, new)
+        kept = new[:n]
+        r.tokens.extend(kept)
+        if reason == "stop":
+            r.matched_stop = matched
         r.emitted_from_draft.extend(from_draft[: len(kept)])
         r.metrics.token_times.extend([now] * len(kept))
         self.stats.generated_tokens += len(kept)
@@ -75,16 +87,17 @@ class OutputProcessor:
         if reason is not None:
             self.finish(r, reason)
         outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
+        return n
 
-    def _stop_string(self, r: Request) -> str | None:
-        """The stop string the newest token completes, if any. A new match ends in the newest
-        token's text, so decoding a tail of the output suffices: a string of L characters spans
-        at most 4L tokens (a byte-level token carries at least one UTF-8 byte), plus a margin so
-        the tail's first token (whose decoding may differ, e.g. a leading space) is not part of
-        it."""
+    def _stop_string(self, r: Request, pending: list[int]) -> str | None:
+        """The stop string the newest token (the last of output + ``pending``) completes, if
+        any. A new match ends in the newest token's text, so decoding a tail of the output
+        suffices: a string of L characters spans at most 4L tokens (a byte-level token carries
+        at least one UTF-8 byte), plus a margin so the tail's first token (whose decoding may
+        differ, e.g. a leading space) is not part of it."""
         stops = r.sampling.stop
-        out = r.output_ids
         window = 4 * max(len(s) for s in stops) + 8
+        out = r.output_ids[-window:] + pending
         tail = self.tokenizer.decode(out[-window:])
         for s in stops:
             if s in tail:

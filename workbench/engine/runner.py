@@ -11,6 +11,7 @@ its finished plan once.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,13 +161,23 @@ class ModelRunner:
                             torch.tensor([r.tokens[-1] for r in reqs], device=dev),
                             torch.tensor(kv, device=dev), None, want_aux)
 
-    def verify_batch(self, reqs: list[Request], tree: DraftTree) -> ForwardBatch:
-        """Every request's draft tree after its prefix, under the tree's ancestor masks."""
+    def verify_batch(self, reqs: list[Request], tree: DraftTree,
+                     ride: Sequence[Request] = ()) -> ForwardBatch:
+        """Every request's draft tree after its prefix, under the tree's ancestor masks; then
+        each ``ride`` request as a one-node tree (its root: the last token at position kv_len,
+        exactly its plain decode row). Rows: the trees' ``b·n`` nodes, then one per rider."""
         starts = [r.kv_len for r in reqs]
         n = tree.num_nodes
-        return ForwardBatch(reqs, starts, [s + n for s in starts], tree.tokens.flatten(),
-                            tree.positions.flatten(),
-                            [tree.mask[i] for i in range(len(reqs))], want_aux=True)
+        masks: list[torch.Tensor | None] = [tree.mask[i] for i in range(len(reqs))]
+        tokens, positions = tree.tokens.flatten(), tree.positions.flatten()
+        if ride:
+            plain = self.decode_batch(list(ride), want_aux=True)
+            tokens = torch.cat([tokens, plain.tokens.to(tokens.dtype)])
+            positions = torch.cat([positions, plain.positions.to(positions.dtype)])
+            masks += [None] * len(ride)
+        return ForwardBatch(reqs + list(ride), starts + [r.kv_len for r in ride],
+                            [s + n for s in starts] + [r.kv_len + 1 for r in ride], tokens,
+                            positions, masks, want_aux=True)
 
     # -- forwards ----------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

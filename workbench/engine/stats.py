@@ -23,6 +23,7 @@ class EngineStats:
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.verify_tokens = 0  # tokens the verify steps emitted (accepted drafts + bonuses)
         self.accepted_per_pos: list[int] = []
         self.generated_tokens = 0
 
@@ -35,11 +36,13 @@ class EngineStats:
         """Put the counters back as :meth:`snapshot` saw them, in place."""
         vars(self).update(snap)
 
-    def record_verify(self, accepted: int, drafted: int) -> None:
-        """One request's verify round: ``accepted`` draft tokens (bonus excluded) of
-        ``drafted`` tree nodes."""
+    def record_verify(self, accepted: int, drafted: int, emitted: int) -> None:
+        """One request's verify round: it emitted ``emitted`` tokens, ``accepted`` of them
+        draft tokens, of ``drafted`` tree nodes (``emitted`` = ``accepted`` + 1, the bonus,
+        unless a stop or max_new_tokens cut the block: then what it kept)."""
         self.verify_ct += 1
-        self.accept_lengths.append(accepted + 1)
+        self.verify_tokens += emitted
+        self.accept_lengths.append(emitted)
         if len(self.accept_lengths) > 2 * ACCEPT_HISTORY:
             del self.accept_lengths[:-ACCEPT_HISTORY]
         self.num_drafts += 1
@@ -51,8 +54,8 @@ class EngineStats:
 
     @property
     def accept_length(self) -> float:
-        """Mean τ over every verify step (O(1)): :func:`workbench.core.accept_length`."""
-        return accept_length(self.num_accepted_tokens, self.verify_ct)
+        """Mean τ (tokens emitted per verify step; O(1)): :func:`workbench.core.accept_length`."""
+        return accept_length(self.verify_tokens - self.verify_ct, self.verify_ct)
 
     @property
     def accept_rate(self) -> float:

@@ -28,6 +28,7 @@ from workbench.engine.runner import ModelRunner
 from workbench.engine.sampler import process_probs, sample_rows, valid_distribution
 from workbench.engine.scheduler import DecodePlan, ScheduledBatch
 from workbench.engine.stats import EngineStats
+from workbench.models.llama import row_bucket
 from workbench.speculative.drafter import draft_tree
 from workbench.speculative.policy import Decision, PolicyContext
 from workbench.speculative.verify import greedy_verify, sample_verify, simulated_verify
@@ -40,6 +41,11 @@ from workbench.trace.tracer import Dispatcher
 AUTO_WARM_STEPS = 8
 # draft_state="auto" with catchup_window=None: warm plain steps extend backlogs up to this size
 AUTO_CATCHUP_ROWS = 32
+# Mixed steps: riders join the verify forward unless that grows the oneDNN GEMMs' padded row
+# count (models/llama.row_bucket) by more than this. Measured on the 2-core EPYC, wb-target
+# (DESIGN §4 "Mixed steps"): one forward saves 2-5 ms a step, and 17 rows padded to 32 still
+# save ~2 ms; 64 tree rows + 1 rider padded to 128 cost 5.5 ms more than two forwards.
+RIDE_MAX_PAD_ROWS = 16
 
 Phases = dict[str, float]
 
@@ -51,6 +57,9 @@ class EagleWorker:
         self.spec: SpecConfig | None = None  # this step's (Engine.begin of each step)
         self.step_id = 0
         self.plain_streak = 0  # consecutive decode steps without speculation (draft_state auto)
+        # a speculating step's other decode requests ride in its verify forward as one-node
+        # trees (True) or decode in a second, plain forward (False); see DESIGN §4 "Mixed steps"
+        self.plain_in_verify = runner.device.type != "cuda"
 
     def begin_step(self, spec: SpecConfig | None, step_id: int) -> None:
         self.spec, self.step_id = spec, step_id
@@ -166,20 +175,28 @@ class EagleWorker:
     # -- plain decode --------------------------------------------------------------------------
     def plain(self, reqs: list[Request], outputs: dict[int, StepOutput], phases: Phases) -> None:
         """One decode forward over ``reqs`` (KV room reserved by the scheduler)."""
-        runner, out = self.runner, self.out
+        runner = self.runner
         t = time.perf_counter()
         want_aux = self.spec is not None and runner.draft is not None and \
             any(r.draft.capable for r in reqs)
         hidden, aux = runner.forward(runner.decode_batch(reqs, want_aux))
         logits = runner.logits(hidden)
+        phases["decode"] = phases.get("decode", 0.0) + _ms(t)
+        self._plain_commit(reqs, logits, aux, outputs, phases)
+
+    def _plain_commit(self, reqs: list[Request], logits: torch.Tensor, aux: torch.Tensor | None,
+                      outputs: dict[int, StepOutput], phases: Phases) -> None:
+        """Sample one token per request from its decode row (``logits[i]``, ``aux[i]``: a plain
+        forward's or a one-node tree's in the verify forward), append it, keep the draft's
+        features, extend per the rule for steps that do not speculate."""
+        runner, out = self.runner, self.out
+        t = time.perf_counter()
         faults.check("step:sampler")
         errors: dict[int, str] = {}
         toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs],
                            errors)
         for i, msg in errors.items():
             out.row_errors[reqs[i].rid] = msg  # bad_logits below fails that request alone
-        phases["decode"] = phases.get("decode", 0.0) + _ms(t)
-        t = time.perf_counter()
         warm = []
         # a cold draft keeps only the latest catchup_window features (bounded catch-up); the
         # holes that leaves need a draft attention backend taking any slot list
@@ -205,13 +222,18 @@ class EagleWorker:
         phases["extend"] = phases.get("extend", 0.0) + _ms(t)
 
     # -- speculative decode ------------------------------------------------------------------
-    def speculate(self, reqs: list[Request], d: Decision, outputs: dict[int, StepOutput],
+    def speculate(self, batch: ScheduledBatch, outputs: dict[int, StepOutput],
                   phases: Phases) -> tuple[list[Request], list[int]]:
-        """Returns the requests that speculated and their accepted draft tokens (bonus
-        excluded), for the policy's online acceptance estimates."""
-        runner = self.runner
+        """Speculate ``batch.speculate`` (the decode requests that do not, riders, join the
+        verify forward as one-node trees when :attr:`plain_in_verify`). Returns the requests
+        this call advanced (speculating ones first, then riders; empty if none could
+        speculate) and the speculating ones' accepted draft tokens (bonus excluded), for the
+        policy's online acceptance estimates."""
+        runner, d = self.runner, batch.decision
+        assert d is not None
         t = time.perf_counter()
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
+        reqs = batch.speculate
         self.extend(reqs, speculating=True)
         phases["catchup"] = _ms(t)
         reqs = [r for r in reqs if r.draft.capable and r.draft.logits is not None]
@@ -222,12 +244,14 @@ class EagleWorker:
         faults.check("step:draft")
         tree = self._draft(reqs, d)
         phases["draft"] = _ms(t)
-        # 3. Verify: one target forward over all trees (ragged, tree masks).
+        ride = self._riders(batch, reqs, tree.num_nodes)
+        # 3. Verify: one target forward over all trees (ragged, tree masks), riders last.
         t = time.perf_counter()
         faults.check("step:verify")
         b, n = len(reqs), tree.num_nodes
-        hidden, aux = runner.forward(runner.verify_batch(reqs, tree))
-        logits = runner.logits(hidden).view(b, n, -1)
+        hidden, aux_all = runner.forward(runner.verify_batch(reqs, tree, ride))
+        logits_all = runner.logits(hidden)
+        logits = logits_all[: b * n].view(b, n, -1)
         phases["verify"] = _ms(t)
         # 4. Accept.
         t = time.perf_counter()
@@ -240,14 +264,30 @@ class EagleWorker:
         # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
         t = time.perf_counter()
         faults.check("step:commit")
-        assert aux is not None
-        keep = self._commit(reqs, tree, res, logits, aux.view(b, n, -1), outputs)
+        assert aux_all is not None
+        keep = self._commit(reqs, tree, res, logits, aux_all[: b * n].view(b, n, -1), outputs)
         phases["commit"] = _ms(t)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
         t = time.perf_counter()
         self.extend(keep, speculating=True)
         phases["extend"] = _ms(t)
-        return reqs, res.accept_len.tolist()
+        # 7. Riders: each samples its token as a plain step would (then extends per that rule).
+        if ride:
+            self._plain_commit(ride, logits_all[b * n :], aux_all[b * n :], outputs, phases)
+        return reqs + ride, res.accept_len.tolist()
+
+    def _riders(self, batch: ScheduledBatch, reqs: list[Request], n: int) -> list[Request]:
+        """The decode requests that ride in this verify forward as one-node trees: every one
+        that does not speculate, unless :attr:`plain_in_verify` is off or their rows would pad
+        the oneDNN GEMMs by more than RIDE_MAX_PAD_ROWS rows (then a second forward is
+        cheaper)."""
+        ride = batch.plain_after(reqs) if self.plain_in_verify else []
+        target = self.runner.target
+        if ride and target is not None and target.gemm == "onednn":
+            rows = len(reqs) * n
+            if row_bucket(rows + len(ride)) - row_bucket(rows) > RIDE_MAX_PAD_ROWS:
+                return []
+        return ride
 
     def _draft(self, reqs: list[Request], d: Decision) -> DraftTree:
         runner = self.runner
@@ -294,10 +334,11 @@ class EagleWorker:
             new = tree.tokens[i, path[1:]].tolist() + [int(res.bonus[i])]
             if self.trace.enabled:
                 self._trace_verify(r, tree, i, res, logits[i], new)
-            self._record_accept(r, m, n - 1)
+            cut = out.cut(r, new)  # a stop or max_new_tokens may end the block early
+            self._record_accept(r, min(m, cut.keep), cut.keep, n - 1)
             r.kv_len += m + 1
             r.draft.keep_feats(aux[i, path])
-            out.append_tokens(r, new, [True] * m + [False], outputs)
+            out.append_tokens(r, new, [True] * m + [False], outputs, cut)
             if r.logprobs is not None:  # the verify logits along the accepted path
                 out.add_output_logprobs(r, logits[i, path])
             if not r.finished:
@@ -352,13 +393,17 @@ class EagleWorker:
                 final_u[i] = torch.rand((), generator=r.generator, device="cpu")
         return sample_verify(tree, probs, coins.to(dev), final_u.to(dev))
 
-    def _record_accept(self, r: Request, m: int, drafted: int) -> None:
+    def _record_accept(self, r: Request, accepted: int, emitted: int, drafted: int) -> None:
+        """Count one verify by what it emitted: ``emitted`` tokens, ``accepted`` of them draft
+        tokens (a block cut at a stop or max_new_tokens counts only what it kept), of
+        ``drafted`` tree nodes. Recorded before the tokens are appended, so the finish event
+        of a request this verify finishes includes it."""
         met = r.metrics
         met.verify_ct += 1
-        met.accept_lengths.append(m + 1)
+        met.accept_lengths.append(emitted)
         met.drafted_tokens += drafted
-        count_depths(met.accepted_per_depth, m)
-        self.stats.record_verify(m, drafted)
+        count_depths(met.accepted_per_depth, accepted)
+        self.stats.record_verify(accepted, drafted, emitted)
 
     # -- the step's accounting -----------------------------------------------------------------
     def end_step(self, batch: ScheduledBatch, mode: str, accepted: list[int],
