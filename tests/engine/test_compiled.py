@@ -76,7 +76,7 @@ def _eager_fn(engine: wb.Engine, key: int) -> object:
 def test_auto_follows_the_cached_verdict(cache: Path, pair: tuple[Path, Path],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     target, _ = pair
-    monkeypatch.setattr(compiled, "_make_fn", _eager_fn)
+    monkeypatch.setattr(compiled, "make_fn", _eager_fn)
     with wb.Engine(target) as e:  # no verdict yet: auto does not compile at init
         assert e.choices["compile"]["choice"] == "off"
         assert e.choices["compile"]["source"] == "auto" and e.graphs is None
@@ -99,8 +99,8 @@ def test_auto_follows_the_cached_verdict(cache: Path, pair: tuple[Path, Path],
 def test_overrun_or_failure_falls_back_to_eager(cache: Path, pair: tuple[Path, Path],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     target, head = pair
-    monkeypatch.setattr(compiled, "_make_fn", _eager_fn)
-    monkeypatch.setattr(compiled.build, "__defaults__", (0.0, 2.0))
+    monkeypatch.setattr(compiled, "make_fn", _eager_fn)
+    monkeypatch.setattr(compiled, "BUDGET_S", 0.0)
     with wb.Engine(target, draft=head, config=wb.EngineConfig(compile="on")) as e:
         c = e.choices["compile"]
         assert c["choice"] == "off" and "fallback to eager" in c["note"]
@@ -110,8 +110,8 @@ def test_overrun_or_failure_falls_back_to_eager(cache: Path, pair: tuple[Path, P
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("inductor exploded")
 
-    monkeypatch.setattr(compiled, "_make_fn", boom)
-    monkeypatch.setattr(compiled.build, "__defaults__", (300.0, 2.0))
+    monkeypatch.setattr(compiled, "make_fn", boom)
+    monkeypatch.setattr(compiled, "BUDGET_S", 300.0)
     with wb.Engine(target, config=wb.EngineConfig(compile="on")) as e:
         c = e.choices["compile"]
         assert c["choice"] == "off" and "compile failed: RuntimeError: inductor exploded" in \

@@ -185,10 +185,12 @@ def _packed_layers(target: Any, key: int) -> tuple[list[Any], tuple[Any, Any]]:
     return layers, (lin, lin_add)
 
 
-def _make_fn(engine: Any, key: int) -> Callable[..., Any]:
-    """The compiled one-row forward: on oneDNN-packed weights the GEMMs are opaque custom ops
-    (oneDNN's kernels, as eager) and Inductor fuses the norms, RoPE and SiLU·up around them; on
-    dense weights Inductor traces everything (and picks its own GEMM kernels)."""
+def make_fn(engine: Any, key: int) -> Callable[..., Any]:
+    """The compiled one-row forward (what :func:`build` compiles; a test stands in an eager
+    function here to check the stage's logic without compiling): on oneDNN-packed weights the
+    GEMMs are opaque custom ops (oneDNN's kernels, as eager) and Inductor fuses the norms, RoPE
+    and SiLU·up around them; on dense weights Inductor traces everything (and picks its own
+    GEMM kernels)."""
     target, aux = engine.target, tuple(engine.aux_layers)
     attn = _OpAttention(key)
     compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
@@ -226,18 +228,21 @@ def _decode_timer(engine: Any, fn: Callable[..., Any] | None, context: int = 64
     return eager if fn is None else compiled
 
 
-def build(engine: Any, budget_s: float = BUDGET_S,
+def build(engine: Any, budget_s: float | None = None,
           measure_s: float = 2.0) -> tuple[CompiledSteps | None, CompileReport]:
     """Compile, warm up and time the one-row forward. Returns (runner or None, report); the
-    runner is None when the compile raised or ran over ``budget_s`` (nothing half-built is
-    kept). Must run while no request holds KV (engine init): warm-ups write slots 0..64."""
+    runner is None when the compile raised or ran over ``budget_s`` (default: the module's
+    ``BUDGET_S`` when called; nothing half-built is kept). Must run while no request holds KV
+    (engine init): warm-ups write slots 0..64."""
     from workbench.engine.autotune import median_ms
+
+    budget_s = BUDGET_S if budget_s is None else budget_s
 
     key = next(_KEYS)
     _BACKENDS[key] = weakref.ref(engine.attn)
     t0 = time.perf_counter()
     try:
-        fn = _make_fn(engine, key)
+        fn = make_fn(engine, key)
         with torch.inference_mode():
             _decode_timer(engine, fn)()  # compiles
             _decode_timer(engine, fn)()
