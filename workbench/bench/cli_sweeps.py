@@ -29,7 +29,7 @@ def _concurrency_arms(engine: Any, ns: argparse.Namespace, shape: Any,
     from workbench.bench.concurrency import default_arms, policy_bases
 
     arms = default_arms(engine, spec=shape, flips=True, threshold=args.threshold(ns),
-                        prompts=prompts)
+                        prompts=prompts, max_new_tokens=args.max_new(ns))
     for arm, basis in policy_bases(arms).items():
         print(f"{arm} arm: {basis['policy']} from the cost model calibrated now: "
               f"{basis['reason']}")

@@ -57,7 +57,8 @@ LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | str = "auto",
                  cost_model: Any = None, flips: bool = True, prompts: Sequence[Prompt] = (),
-                 tau: float | None = None) -> dict[str, SpecConfig | None]:
+                 tau: float | None = None,
+                 max_new_tokens: int = 64) -> dict[str, SpecConfig | None]:
     """baseline, eagle3 (Always), never (K=0 tax), threshold (BatchThreshold), goodput (with a
     cost model calibrated now unless given; candidates: the spec's shape, the chain of the same
     depth and a 3-step chain) — the last three with ``draft_state="auto"`` — and the warm/cold
@@ -66,7 +67,8 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     ``threshold``: an integer n forces ``BatchThreshold(n)``; "auto" (the default) takes n
     from the same cost model (``BatchThreshold.from_cost_model``: where plain decoding is
     predicted to catch up on this machine) at accept length ``tau``, measured on ``prompts``
-    (``measure_tau``) unless given. The policy's ``basis`` says why."""
+    at ``max_new_tokens`` per request (``measure_tau``; τ grows with the length) unless given.
+    The policy's ``basis`` says why."""
     if engine.draft is None:
         return {"baseline": None}
     from workbench.speculative.costmodel import calibrate, measure_tau
@@ -84,7 +86,7 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
             if not prompts:
                 raise ConfigError("default_arms.threshold: 'auto' needs the accept length: "
                                   "pass prompts= (measured) or tau=, or an integer threshold")
-            acc = measure_tau(engine, list(prompts), shape)
+            acc = measure_tau(engine, list(prompts), shape, max_new_tokens=max_new_tokens)
             tau, context = acc.tau, acc.context
         policy = BatchThreshold.from_cost_model(cm, shape, tau, context=context,
                                                 draft_state=off.draft_state,
@@ -323,7 +325,8 @@ def run_concurrency(engine: Any, prompts: Sequence[Prompt],
     """
     if not prompts:
         raise ValueError("run_concurrency: no prompts")
-    arms = dict(arms) if arms is not None else default_arms(engine, prompts=prompts)
+    arms = dict(arms) if arms is not None else \
+        default_arms(engine, prompts=prompts, max_new_tokens=max_new_tokens)
     if engines is not None:
         missing = [a for a in arms if a not in engines]
         if missing:

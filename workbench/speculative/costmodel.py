@@ -180,9 +180,9 @@ class CostModel:
                 break
         else:
             return Crossover(max_batch, None, (s, k, n), float(tau), context, warm, max_batch,
-                             plain, spec)
+                             plain, spec, self.to_dict())
         return Crossover(batch - 1, batch, (s, k, n), float(tau), context, warm, max_batch,
-                         plain, spec)
+                         plain, spec, self.to_dict())
 
     # -- online refresh ------------------------------------------------------------------------
     def observe(self, kind: str, tokens: float, ms: float, context: float = 0.0) -> None:
@@ -239,7 +239,8 @@ class Crossover:
 
     ``batch``: the smallest decode batch where plain tok/s >= speculative tok/s (None: not
     up to ``max_batch``); ``n``: the threshold (``batch − 1``, or ``max_batch``);
-    ``plain_tok_s``/``spec_tok_s``: the predictions at ``batch`` (at ``max_batch`` when None).
+    ``plain_tok_s``/``spec_tok_s``: the predictions at ``batch`` (at ``max_batch`` when None);
+    ``model``: the cost model's ``to_dict()`` it was predicted from (provenance).
     """
 
     n: int
@@ -251,6 +252,7 @@ class Crossover:
     max_batch: int
     plain_tok_s: float
     spec_tok_s: float
+    model: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def reason(self) -> str:
         """One line: the threshold and why."""
@@ -319,7 +321,7 @@ def _time_forwards(engine: Any, batch: int, q: int, context: int, repeats: int,
 def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 2,
               context: int = 128, contexts: Sequence[int] | None = None,
               shape: Sequence[int] = (5, 4, 16), steps: bool = True,
-              step_batches: Sequence[int] | None = None, step_tokens: int = 6,
+              step_batches: Sequence[int] | None = None, step_tokens: int = 12,
               ema: float = 0.1, progress: bool = False) -> CostModel:
     """Measure ``engine`` and fit a CostModel.
 
@@ -327,9 +329,12 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
        forward + LM head over B·1 and B·N new tokens, the draft forward over B·1 and B·K, for B
        in ``batch_sizes`` and every context in ``contexts`` (default: ``(context,)``; give two
        or more to fit the attention term c). Each point is the min of ``repeats`` runs.
-    2. With ``steps``: short greedy ``generate`` runs (plain via ``Never``, speculative via
-       ``Always`` at ``shape``) at ``step_batches`` (default: up to 3 of ``batch_sizes``);
-       each measured step minus its predicted components is an overhead sample.
+    2. With ``steps``: short greedy ``generate`` runs (plain via ``Never`` with a cold
+       draft, speculative via ``Always`` at ``shape``) at ``step_batches`` (default: up to 3
+       of ``batch_sizes``); a measured step minus its predicted components is an overhead
+       residual, and the median residual per (kind, decode batch) is one overhead sample:
+       one step that a busy machine preempted must not tilt the fit (it moves ``crossover``
+       the most).
     The engine's stats are restored afterwards.
     """
     from tqdm.auto import tqdm
@@ -363,26 +368,32 @@ def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), re
         g = torch.Generator().manual_seed(1)
         sp = SamplingParams(max_new_tokens=step_tokens, ignore_eos=True)
         kinds = ("plain", "spec") if has_draft else ("plain",)
+        residuals: dict[tuple[str, int], list[float]] = {}
         for b in tqdm(sb, desc="calibrate steps", unit="batch", disable=not progress):
             prompts = [torch.randint(1, vocab, (context,), generator=g).tolist()
                        for _ in range(b)]
             for kind in kinds:
+                # plain steps with a cold draft: the overhead fitted is a plain step's own
+                # (``plain_step_ms(warm=True)`` adds the draft extend on top)
                 spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n,
-                                  policy=Never() if kind == "plain" else Always()) \
+                                  policy=Never() if kind == "plain" else Always(),
+                                  draft_state="cold" if kind == "plain" else "auto") \
                     if has_draft else None
                 for r in _measure_steps(engine, prompts, sp, spec)[1:]:
                     # (the first decode step pays first-use costs)
                     d, acc = r.decision, r.accepted
                     if not d.speculate:
-                        pred = model.plain_step_ms(r.batch, context, warm=has_draft,
+                        pred = model.plain_step_ms(r.batch, context, warm=False,
                                                    scaled=False)
                     else:
                         tau = 1.0 + (sum(acc) / len(acc) if acc else 0.0)
                         pred = model.spec_step_ms(r.batch, d.num_steps, d.topk,
                                                   d.num_draft_tokens, tau, context, scaled=False)
-                    samples.append(CostSample(f"{kind}_overhead", r.batch, r.ms - pred, context))
+                    residuals.setdefault((kind, r.batch), []).append(r.ms - pred)
     finally:
         engine.stats.restore(saved)
+    samples += [CostSample(f"{kind}_overhead", batch, float(np.median(ms)), context)
+                for (kind, batch), ms in residuals.items()]
     return CostModel.fit(samples, ema=ema)
 
 
