@@ -82,3 +82,23 @@ def test_verify_mask_is_additive_and_bit_identical_to_the_bool_mask() -> None:
     ref = F.scaled_dot_product_attention(q.unsqueeze(0).transpose(1, 2), kk, vv,
                                          attn_mask=bool_mask.view(1, 1, t, -1), enable_gqa=True)
     assert torch.equal(out, ref.transpose(1, 2).reshape(t, H, HD))
+
+
+def test_ragged_batch_rows_match_each_request_alone() -> None:
+    """A verify tree next to a one-token rider (ragged: padded query rows, padded keys): each
+    request's rows are its rows when planned alone (same pool writes, same attention)."""
+    k0, v0 = _pools(64)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    a_slots, b_slots = torch.arange(0, 8), torch.tensor([40, 41, 50, 51, 52])
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(4, H, HD, generator=g), torch.randn(4, HKV, HD, generator=g),
+               torch.randn(4, HKV, HD, generator=g))
+    both = PagedAttention(k0.clone(), v0.clone(), H)
+    both.plan(torch.cat([a_slots[5:], b_slots[4:]]), [3, 1], [a_slots, b_slots], [tree, None])
+    out = both.run(0, q, k, v)
+    alone_a = PagedAttention(k0.clone(), v0.clone(), H)
+    alone_a.plan(a_slots[5:], [3], [a_slots], [tree])
+    alone_b = PagedAttention(k0.clone(), v0.clone(), H)
+    alone_b.plan(b_slots[4:], [1], [b_slots])
+    torch.testing.assert_close(out[:3], alone_a.run(0, q[:3], k[:3], v[:3]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[3:], alone_b.run(0, q[3:], k[3:], v[3:]), rtol=1e-6, atol=1e-6)
