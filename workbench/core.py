@@ -62,6 +62,10 @@ class RequestMetrics:
 
     verify_ct: int = 0
     accept_lengths: list[int] = field(default_factory=list)
+    # per verify step, the draft tokens it kept: accept length − 1, except a block a stop or
+    # max_new_tokens cut inside its drafts (every kept token a draft: the accept length itself).
+    # SGLang's correct-drafts histogram and the accepted-token counters count these.
+    correct_drafts: list[int] = field(default_factory=list)
     drafted_tokens: int = 0
     accepted_per_depth: list[int] = field(default_factory=list)
     plain_steps: int = 0

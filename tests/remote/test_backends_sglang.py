@@ -258,7 +258,8 @@ def test_accept_lengths_counted_as_sglang_counts() -> None:
     with pytest.raises(wb.RequestFailed, match=r"histogram\[1\]"):
         accept_lengths_from_histogram([1, -2])
     # a speculating engine's plain steps are SGLang's steps-0 rounds: accept length 1 each
-    m = RequestMetrics(verify_ct=2, accept_lengths=[4, 2], plain_steps=3, spec_plain_steps=3)
+    m = RequestMetrics(verify_ct=2, accept_lengths=[4, 2], correct_drafts=[3, 1],
+                       plain_steps=3, spec_plain_steps=3)
     assert sglang_accept_lengths(m) == [4, 2, 1, 1, 1]
     # a baseline engine's are no rounds (SGLang without speculation counts none)
     assert sglang_accept_lengths(RequestMetrics(plain_steps=3)) == []

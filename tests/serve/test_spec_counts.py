@@ -31,7 +31,8 @@ def flip(seed: int) -> wb.SpecConfig:
 
 def test_sglang_spec_meta_by_hand() -> None:
     # two verify rounds (accept lengths 4 and 2) and three plain steps of a speculating engine
-    m = RequestMetrics(verify_ct=2, accept_lengths=[4, 2], plain_steps=3, spec_plain_steps=3)
+    m = RequestMetrics(verify_ct=2, accept_lengths=[4, 2], correct_drafts=[3, 1],
+                       plain_steps=3, spec_plain_steps=3)
     meta = sglang_spec_meta(m, completion_tokens=10, num_draft_tokens=6)
     assert meta == {"spec_accept_rate": 4 / 25, "spec_accept_length": 10 / 5,
                     "spec_num_correct_drafts": 4, "spec_num_proposed_drafts": 5 * 5,
@@ -54,7 +55,7 @@ def check_meta(meta: dict, m: RequestMetrics, n: int) -> None:
     hist = meta["spec_correct_drafts_histogram"]
     assert ct == m.verify_ct + m.spec_plain_steps == sum(hist)
     assert hist[0] >= m.spec_plain_steps  # each plain step: a round with 0 correct drafts
-    correct = sum(m.accept_lengths) - m.verify_ct
+    correct = sum(m.correct_drafts)
     assert meta["spec_num_correct_drafts"] == correct == sum(k * h for k, h in enumerate(hist))
     assert meta["spec_num_proposed_drafts"] == ct * (NODES - 1)
     assert meta["spec_accept_rate"] == pytest.approx(correct / (ct * (NODES - 1)))
@@ -133,3 +134,17 @@ def test_policy_off_is_steps0_rounds(flip_server: ServerHandle) -> None:
     assert meta["spec_num_correct_drafts"] == 0 and meta["spec_accept_rate"] == 0.0
     assert meta["spec_num_proposed_drafts"] == rounds * (NODES - 1)
     assert meta["spec_accept_length"] == pytest.approx(N_NEW / rounds)
+
+
+def test_a_block_cut_inside_its_drafts_is_filed_under_the_drafts_it_kept() -> None:
+    # the last verify kept 3 tokens, all drafts (max_new_tokens cut the block before its bonus):
+    # it emitted 3 tokens (our τ) but SGLang files it under 3 correct drafts (accept length 4)
+    m = RequestMetrics(verify_ct=2, accept_lengths=[4, 3], correct_drafts=[3, 3])
+    assert sglang_accept_lengths(m) == [4, 4]
+    meta = sglang_spec_meta(m, completion_tokens=8, num_draft_tokens=6)
+    assert meta["spec_correct_drafts_histogram"] == [0, 0, 0, 2]
+    assert meta["spec_num_correct_drafts"] == 6
+    assert meta["spec_accept_length"] == 8 / 2
+    with pytest.raises(ValueError, match="RequestMetrics.correct_drafts: 1 entries for 2"):
+        sglang_accept_lengths(RequestMetrics(verify_ct=2, accept_lengths=[4, 3],
+                                             correct_drafts=[3]))

@@ -401,6 +401,7 @@ class EagleWorker:
         met = r.metrics
         met.verify_ct += 1
         met.accept_lengths.append(emitted)
+        met.correct_drafts.append(accepted)
         met.drafted_tokens += drafted
         count_depths(met.accepted_per_depth, accepted)
         self.stats.record_verify(accepted, drafted, emitted)

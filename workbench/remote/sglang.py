@@ -141,8 +141,17 @@ def sglang_accept_lengths(metrics: RequestMetrics) -> list[int]:
     (``spec_plain_steps``: policy off, one token left) as a round of accept length 1, as
     SGLang's steps-0 rounds under adaptive speculation land in ``spec_verify_ct`` and
     ``histogram[0]``. A baseline engine's plain steps are no rounds (SGLang without speculation
-    counts none). Compare its mean with a box run's τ."""
-    return list(metrics.accept_lengths) + [1] * metrics.spec_plain_steps
+    counts none). Compare its mean with a box run's τ.
+
+    A verify round's SGLang accept length is its correct drafts + 1
+    (``RequestMetrics.correct_drafts``): the same as the tokens it emitted, except a last
+    block cut inside its drafts by a stop or max_new_tokens, which SGLang files under the
+    drafts it kept."""
+    if len(metrics.correct_drafts) != len(metrics.accept_lengths):
+        raise ValueError(f"RequestMetrics.correct_drafts: {len(metrics.correct_drafts)} entries "
+                         f"for {len(metrics.accept_lengths)} verify steps (accept_lengths); "
+                         "one per verify step")
+    return [c + 1 for c in metrics.correct_drafts] + [1] * metrics.spec_plain_steps
 
 
 def correct_drafts_histogram(accept_lengths: Sequence[int]) -> list[int]:
@@ -374,6 +383,7 @@ class SGLangClient:
         n = int(meta.get("completion_tokens") or len(ids))
         m.verify_ct = int(meta.get("spec_verify_ct") or 0)
         m.accept_lengths = round_accept_lengths(meta)
+        m.correct_drafts = [a - 1 for a in m.accept_lengths]
         reason = _finish_type(meta.get("finish_reason"))
         error = None
         if reason in ("abort", "error") and isinstance(meta.get("finish_reason"), dict):
