@@ -10,13 +10,14 @@ import pytest
 
 import workbench as wb
 from workbench.bench.concurrency import default_arms, policy_bases
-from workbench.speculative.costmodel import CostModel, LinearCost, measure_tau
+from workbench.speculative.costmodel import Acceptance, CostModel, LinearCost, measure_tau
 from workbench.speculative.policy import (
     BatchThreshold,
     Decision,
     PolicyContext,
     RecordingPolicy,
     StepRecord,
+    depth_rates,
 )
 
 
@@ -112,10 +113,24 @@ def test_measure_tau_restores_stats_and_frees_kv(engine: wb.Engine) -> None:
                       max_new_tokens=6)
     # a random head accepts nothing: every speculating request-step emits the bonus token only
     assert acc.tau == 1.0 and acc.samples > 0 and acc.context > 2
+    # the per-depth rates Goodput starts from: depth 1 never accepted, deeper never reached
+    assert acc.topk == 2 and acc.rates == (0.0,) and acc.seed() == {2: (0.0,)}
     assert engine.stats.steps == steps_before
     assert engine.kv_usage()["used_blocks"] == 0
     with pytest.raises(wb.ConfigError, match="measure_tau"):
         measure_tau(engine, [], (2, 2, 4))
+
+
+def test_acceptance_rates_telescope_to_tau() -> None:
+    """Pooled rates: Π_{j≤d} a_j = #(m ≥ d)/#requests, so 1 + Σ_d Π a_j is exactly τ."""
+    accepted = [0, 1, 3, 3, 2, 0, 3]
+    rates = depth_rates(accepted, 3)
+    tau, p = 1.0, 1.0
+    for a in rates:
+        p *= a
+        tau += p
+    assert tau == pytest.approx(1.0 + sum(accepted) / len(accepted))
+    assert Acceptance(tau, 0.0, len(accepted)).seed() == {}  # not measured per depth
 
 
 def test_default_arms_threshold_auto_and_forced(engine: wb.Engine) -> None:

@@ -22,6 +22,7 @@ import workbench as wb
 from workbench.bench.concurrency import find_threshold, run_concurrency, summarize, switch_costs
 from workbench.speculative.costmodel import CostModel, CostSample, LinearCost, calibrate
 from workbench.speculative.policy import (
+    PROBE_CONFIRM_MAX,
     Always,
     BatchThreshold,
     Decision,
@@ -30,6 +31,7 @@ from workbench.speculative.policy import (
     PolicyContext,
     RandomFlip,
     StepTable,
+    depth_rates,
 )
 
 
@@ -261,11 +263,80 @@ def test_goodput_probes_while_off_and_recovers() -> None:
     assert not back[-1].reason.startswith("probe")
 
 
+def at_batch4_cost() -> CostModel:
+    """At decode batch 4 a S5 K4 N16 step costs ≈ 2.3 plain steps: it pays iff τ ≳ 2.3 — above
+    τ 1.5 (prior 0.3), below τ 6 (everything accepted) and above τ 1 (nothing accepted)."""
+    return CostModel(target=LinearCost(a=1.0, b=0.02), draft=LinearCost(a=0.1, b=0.005))
+
+
+def test_goodput_pessimistic_start_corrects_itself() -> None:
+    """A prior that says "off" at B=4 while every draft is accepted: the first probe's own
+    acceptance says speculation pays, so probes follow at once (not after 64 off steps) until
+    the estimates agree; on within PROBE_CONFIRM_MAX + min_dwell steps, and stays on."""
+    g = Goodput(at_batch4_cost(), candidates=[(5, 4, 16)], prior_accept=0.3)
+    rates = g.rates(ctx(4))
+    assert rates[None][0] > rates[(5, 4, 16)][0]  # the prior alone: off
+    ds = drive(g, 40, batch=4, accept=5)
+    assert ds[0].reason.startswith("probe after")
+    assert ds[1].reason == "probe: the last probe's acceptance says it pays"
+    on = next(i for i, d in enumerate(ds) if d.speculate and not d.reason.startswith("probe"))
+    assert on <= PROBE_CONFIRM_MAX + g.min_dwell
+    assert all(d.speculate for d in ds[on:])
+    assert g.current == (5, 4, 16) and g.expected_tau((5, 4, 16)) > 4.0
+
+
+def test_goodput_pessimistic_start_stays_off_when_it_does_not_pay() -> None:
+    """Same start, nothing accepted: one probe, no follow-up, then backed-off probes only."""
+    g = Goodput(at_batch4_cost(), candidates=[(5, 4, 16)], prior_accept=0.3, probe_every=8)
+    ds = drive(g, 60, batch=4, accept=0)
+    probes = [i for i, d in enumerate(ds) if d.speculate]
+    # the start probe found nothing: 16 off steps, then a probe, then 32: no follow-up, never on
+    assert probes == [0, 17, 50]
+    assert all(ds[i].reason.startswith("probe after") for i in probes)
+    assert g.current is None and g.confirm_run == 0
+
+
+def test_goodput_follow_up_probes_are_bounded() -> None:
+    """Acceptance that pays only when judged alone, never in the averaged estimate, cannot keep
+    the policy probing: at most PROBE_CONFIRM_MAX follow-ups, then the gap backs off."""
+    cm = at_batch4_cost()
+    g = Goodput(cm, candidates=[(5, 4, 16)], prior_accept=0.0, probe_every=8, ema=0.01,
+                seed_weight=1000, accept_seed={4: [0.0] * 5})
+    ds = drive(g, 40, batch=4, accept=5)
+    follow = [d for d in ds if d.reason == "probe: the last probe's acceptance says it pays"]
+    assert len(follow) == PROBE_CONFIRM_MAX
+    assert not any(d.speculate for d in ds[PROBE_CONFIRM_MAX + 1:PROBE_CONFIRM_MAX + 10])
+
+
+def test_goodput_starts_from_measured_acceptance() -> None:
+    """accept_seed (measured on the workload) replaces the prior: on from the first step at B=4
+    with no probe, and the seed counts as seed_weight observations (a contrary step moves it
+    by 1/(seed_weight + 1), not by half)."""
+    g = Goodput(at_batch4_cost(), candidates=[(5, 4, 16), (3, 1, 4)], prior_accept=0.3,
+                accept_seed={4: [0.9, 0.9, 0.85, 0.8, 0.8]})
+    assert g.acceptance(4, 5) == [0.9, 0.9, 0.85, 0.8, 0.8]
+    assert g.acceptance(1, 3) == [0.3, 0.3, 0.3]  # chains: not measured, the prior
+    d = g.decide(ctx(4))
+    assert d.speculate and d.shape == (5, 4, 16) and not d.reason.startswith("probe")
+    g.observe(d, d.predicted_ms, [0, 0, 0, 0])
+    assert g.acceptance(4, 1)[0] == pytest.approx(0.9 * 4 / 5)
+    g.reset()  # forgets what it observed, keeps the seed
+    assert g.acceptance(4, 2) == [0.9, 0.9]
+
+
+def test_depth_rates() -> None:
+    assert depth_rates([0, 2, 5, 5], 5) == [0.75, 1.0, 2 / 3, 1.0, 1.0]
+    assert depth_rates([0, 0], 3) == [0.0]  # depth 2 reached by nobody: stop
+    assert depth_rates([], 3) == []
+
+
 def test_goodput_validation() -> None:
     cases: list[tuple[dict[str, Any], str]] = [
         ({"ema": 0.0}, "ema"), ({"min_dwell": -1}, "min_dwell"), ({"candidates": []}, "candidates"),
         ({"candidates": [(3, 1, 5)]}, "chain"), ({"probe_every": -2}, "probe_every"),
-        ({"prior_accept": 2.0}, "prior")]
+        ({"prior_accept": 2.0}, "prior"), ({"seed_weight": 0}, "seed_weight"),
+        ({"accept_seed": {0: [0.5]}}, "accept_seed"),
+        ({"accept_seed": {4: [1.5]}}, r"accept_seed\[4\]")]
     for kw, match in cases:
         with pytest.raises(wb.ConfigError, match=match):
             Goodput(synthetic_cost(), **kw)

@@ -68,7 +68,8 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     from the same cost model (``BatchThreshold.from_cost_model``: where plain decoding is
     predicted to catch up on this machine) at accept length ``tau``, measured on ``prompts``
     at ``max_new_tokens`` per request (``measure_tau``; τ grows with the length) unless given.
-    The policy's ``basis`` says why."""
+    The policy's ``basis`` says why. With ``prompts`` Goodput starts from the per-depth
+    acceptance measured there (``accept_seed``), not from its prior guess."""
     if engine.draft is None:
         return {"baseline": None}
     from workbench.speculative.costmodel import calibrate, measure_tau
@@ -80,13 +81,15 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     # Goodput may also pick cheaper chains (mid batch sizes: less verify work per request)
     candidates = list(dict.fromkeys([shape, (shape[0], 1, shape[0] + 1), (3, 1, 4)]))
     cm = cost_model if cost_model is not None else calibrate(engine, shape=shape)
+    # measured on the workload: the auto threshold's τ and Goodput's starting acceptance
+    acc = measure_tau(engine, list(prompts), shape, max_new_tokens=max_new_tokens) \
+        if prompts else None
     if threshold == "auto":
         context = 0.0
         if tau is None:
-            if not prompts:
+            if acc is None:
                 raise ConfigError("default_arms.threshold: 'auto' needs the accept length: "
                                   "pass prompts= (measured) or tau=, or an integer threshold")
-            acc = measure_tau(engine, list(prompts), shape, max_new_tokens=max_new_tokens)
             tau, context = acc.tau, acc.context
         policy = BatchThreshold.from_cost_model(cm, shape, tau, context=context,
                                                 draft_state=off.draft_state,
@@ -101,7 +104,8 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
         "eagle3": dataclasses.replace(spec, policy=Always()),
         "never": dataclasses.replace(off, policy=Never()),
         "threshold": dataclasses.replace(off, policy=policy),
-        "goodput": dataclasses.replace(off, policy=Goodput(cm.copy(), candidates=candidates)),
+        "goodput": dataclasses.replace(off, policy=Goodput(
+            cm.copy(), candidates=candidates, accept_seed=acc.seed() if acc else None)),
     }
     if flips:
         arms["flip_warm"] = dataclasses.replace(spec, policy=RandomFlip(0.5, seed=0),

@@ -39,6 +39,7 @@ from workbench.speculative.policy import (
     RecordingPolicy,
     StepRecord,
     check_shape,
+    depth_rates,
 )
 
 KINDS = ("target", "draft", "plain_overhead", "spec_overhead")
@@ -437,19 +438,27 @@ def _measure_steps(engine: Any, prompts: list[list[int]], sp: Any,
 @dataclass(frozen=True)
 class Acceptance:
     """A measured accept length: τ (bonus included) over ``samples`` request-steps that
-    speculated, at a mean of ``context`` tokens of KV per request."""
+    speculated, at a mean of ``context`` tokens of KV per request; ``rates`` are the pooled
+    per-depth acceptance a_1.. of that tree width ``topk`` (``policy.depth_rates``)."""
 
     tau: float
     context: float
     samples: int
+    topk: int = 0
+    rates: tuple[float, ...] = ()
+
+    def seed(self) -> dict[int, tuple[float, ...]]:
+        """``{topk: rates}`` for ``Goodput(accept_seed=...)`` (empty when not measured)."""
+        return {self.topk: self.rates} if self.topk and self.rates else {}
 
 
 def measure_tau(engine: Any, prompts: Sequence[Any], shape: Sequence[int] = (5, 4, 16),
                 max_new_tokens: int = 32, batch: int = 8) -> Acceptance:
     """τ of ``shape`` on the workload's own prompts: the first ``batch`` of ``prompts`` run
     together, greedy, speculating every step (``Always``); τ = 1 + the mean draft tokens a
-    speculating request accepted per step. Acceptance depends on the prompts and models, not
-    on the batch. The engine's stats are restored afterwards."""
+    speculating request accepted per step, with the per-depth rates that seed ``Goodput``
+    (``Acceptance.seed``). Acceptance depends on the prompts and models, not on the batch. The
+    engine's stats are restored afterwards."""
     from workbench.config import SamplingParams, SpecConfig
 
     s, k, n = check_shape(tuple(shape), "measure_tau.shape")
@@ -474,4 +483,5 @@ def measure_tau(engine: Any, prompts: Sequence[Any], shape: Sequence[int] = (5, 
         raise ConfigError(f"measure_tau: no speculative step ran on {min(batch, len(prompts))} "
                           f"prompts with max_new_tokens {max_new_tokens}")
     return Acceptance(1.0 + float(np.mean(accepted)),
-                      float(np.mean([r.context for r in steps])), len(accepted))
+                      float(np.mean([r.context for r in steps])), len(accepted), k,
+                      tuple(depth_rates(accepted, min(s, n - 1))))

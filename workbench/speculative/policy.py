@@ -309,6 +309,7 @@ class RandomFlip:
 
 
 PROBE_BACKOFF_MAX = 16
+PROBE_CONFIRM_MAX = 8  # follow-up probes per off stretch (each asked for by the last probe)
 
 
 class Goodput:
@@ -322,7 +323,10 @@ class Goodput:
     at switch-on is not charged: hysteresis keeps switches rare).
 
     Acceptance estimates are kept per top-K (tree width changes per-depth acceptance; depth
-    does not), starting at the optimistic ``prior_accept`` so unexplored shapes get tried. A
+    does not). They start from ``accept_seed`` where given — per-depth rates measured on this
+    engine and workload (``costmodel.measure_acceptance(...).seed()``), each counting as
+    ``seed_weight`` observations — and at ``prior_accept`` elsewhere (a guess: optimistic by
+    default so unexplored shapes get tried). A
     speculating request that accepted m tokens counts a success at depths 1..m and a failure at
     depth m+1 when m < S. Each depth's estimate averages the prior (as one pseudo-observation)
     with the steps' batch rates — a running mean for the first 1/ema steps, then an EMA with
@@ -337,11 +341,23 @@ class Goodput:
     that leaves the policy off doubles the interval (up to ``PROBE_BACKOFF_MAX·probe_every``: a
     long busy period pays for few probes, each with a cold-draft catch-up); switching on resets
     it. A policy that starts off probes on its first step (it has measured nothing yet).
+
+    Correcting a wrong start: a probe's own acceptance is judged alone (τ from that step's
+    per-depth rates, priced by the cost model at the probe's batch). When it says speculating
+    beats staying off (by more than ``hysteresis``) the next off step probes again at once
+    instead of backing off — at most ``PROBE_CONFIRM_MAX`` such follow-ups until speculation is
+    next switched on — so a pessimistic start whose probes keep finding high acceptance pulls
+    its estimates up within a few steps (each probe averages in; the prior's weight shrinks as
+    1/(probes+1)); a probe that finds speculation not paying backs off as above. Worst case a
+    wrong "off" costs ``PROBE_CONFIRM_MAX`` extra speculative steps per off stretch on top of
+    the backed-off probes.
     """
 
     def __init__(self, cost_model: CostModel, candidates: Sequence[Sequence[int]] | None = None,
                  ema: float = 0.1, min_dwell: int = 4, hysteresis: float = 0.05,
-                 prior_accept: float = 0.7, probe_every: int = 64) -> None:
+                 prior_accept: float = 0.7, probe_every: int = 64,
+                 accept_seed: Mapping[int, Sequence[float]] | None = None,
+                 seed_weight: int = 4) -> None:
         if not 0.0 < ema <= 1.0:
             raise ConfigError(f"Goodput.ema: must be in (0, 1], got {ema!r}")
         if not isinstance(min_dwell, int) or min_dwell < 0:
@@ -353,6 +369,19 @@ class Goodput:
         if not isinstance(probe_every, int) or probe_every < 0:
             raise ConfigError(f"Goodput.probe_every: must be an integer >= 0, got "
                               f"{probe_every!r}")
+        if not isinstance(seed_weight, int) or isinstance(seed_weight, bool) or seed_weight < 1:
+            raise ConfigError(f"Goodput.seed_weight: must be an integer >= 1, got {seed_weight!r}")
+        seed: dict[int, tuple[float, ...]] = {}
+        for k, rates in (accept_seed or {}).items():
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ConfigError(f"Goodput.accept_seed: key {k!r} is not a top-K >= 1")
+            vals = tuple(float(a) for a in rates)
+            if not all(0.0 <= a <= 1.0 for a in vals):
+                raise ConfigError(f"Goodput.accept_seed[{k}]: rates must be in [0, 1], got "
+                                  f"{list(rates)!r}")
+            seed[k] = vals
+        self.accept_seed = seed
+        self.seed_weight = seed_weight
         self.cost_model = cost_model
         self.candidates: tuple[Shape, ...] | None = None if candidates is None else tuple(
             check_shape(tuple(c), f"Goodput.candidates[{i}]") for i, c in enumerate(candidates))
@@ -371,16 +400,23 @@ class Goodput:
 
     def reset(self) -> None:
         """Forget acceptance estimates and the current choice (the cost model is kept)."""
-        self.accept: dict[int, list[float]] = {}  # topk → a_d for d = 1.. (index d−1)
-        self.observed: dict[int, list[int]] = {}  # topk → steps that reached depth d
+        # topk → a_d for d = 1.. (index d−1); the measured seed where given
+        self.accept: dict[int, list[float]] = {k: list(v) for k, v in self.accept_seed.items()}
+        # topk → steps that reached depth d (the prior counts as one observation, so a seeded
+        # depth that counts as seed_weight starts at seed_weight − 1)
+        self.observed: dict[int, list[int]] = {k: [self.seed_weight - 1] * len(v)
+                                               for k, v in self.accept_seed.items()}
         self.current: Shape | None = None
         self.started = False
         self.dwell = 0  # steps spent in the current choice
         self.off_run = self.probe_every  # off decisions since the last probe (start: probe)
         self.probe_gap = self.probe_every  # current probe interval (backs off, see decide)
         self._probed = False
+        self._follow_up = False  # the last probe alone says speculating pays: probe again
+        self.confirm_run = 0  # follow-up probes since speculation was last on
         self.switches = 0
         self.probes = 0
+        self._probe_at: tuple[PolicyContext, float] | None = None  # a probe's ctx, off tok/s
         self._pending: tuple[Decision, float, str] | None = None  # decision, raw ms, kind
 
     # -- estimates -----------------------------------------------------------------------------
@@ -424,17 +460,22 @@ class Goodput:
         choice = self.current
         why = f"goodput {_name(choice)} {rates[choice][0]:.0f} tok/s (best {_name(best)})"
         if choice is None:
-            if self._probed:  # the last probe did not bring speculation back: probe half as often
+            follow, self._follow_up = self._follow_up, False
+            if self._probed and not follow:
+                # the last probe did not bring speculation back: probe half as often
                 self.probe_gap = min(2 * self.probe_gap, PROBE_BACKOFF_MAX * self.probe_every)
-                self._probed = False
+            self._probed = False
+            self.confirm_run += int(follow)
             self.off_run += 1
-            if self.probe_every and self.off_run > self.probe_gap:
+            if self.probe_every and (follow or self.off_run > self.probe_gap):
                 self.off_run = 0
                 self.probes += 1
                 self._probed = True
                 shape = max((o for o in rates if o is not None), key=lambda o: rates[o][0])
-                return self._remember(_spec(shape, f"probe after {self.probe_gap} off steps",
-                                            rates[shape][1]), ctx)
+                why = "probe: the last probe's acceptance says it pays" if follow else \
+                    f"probe after {self.probe_gap} off steps"
+                self._probe_at = (ctx, rates[None][0])
+                return self._remember(_spec(shape, why, rates[shape][1]), ctx)
             return self._remember(Decision(False, reason=why, predicted_ms=rates[None][1]), ctx)
         return self._remember(_spec(choice, why, rates[choice][1]), ctx)
 
@@ -444,6 +485,7 @@ class Goodput:
             self.off_run = 0
         if choice is not None:
             self.probe_gap, self._probed = self.probe_every, False
+            self._follow_up, self.confirm_run = False, 0
         self.started = True
         self.current = choice
         self.dwell = 1
@@ -460,8 +502,24 @@ class Goodput:
             _, raw, kind = self._pending
             self.cost_model.observe_step(kind, raw, measured_ms)
         self._pending = None
+        probe, self._probe_at = self._probe_at, None
         if decision.speculate and accepted:
             self.update_acceptance(decision.num_steps, decision.topk, accepted)
+            if probe is not None and decision.reason.startswith("probe"):
+                self._judge_probe(decision, accepted, *probe)
+
+    def _judge_probe(self, decision: Decision, accepted: Sequence[int], ctx: PolicyContext,
+                     off_tok_s: float) -> None:
+        """The probe's own acceptance alone: does speculating at its shape beat off?"""
+        shape = (decision.num_steps, decision.topk, decision.num_draft_tokens)
+        tau, p = 1.0, 1.0
+        for rate in depth_rates(accepted, min(shape[0], shape[2] - 1)):
+            p *= rate
+            tau += p
+        spec = self.cost_model.tok_s(max(ctx.decode_batch, 1), shape, tau,
+                                     context=ctx.context_tokens)[0]
+        self._follow_up = spec > off_tok_s * (1.0 + self.hysteresis) and \
+            self.confirm_run < PROBE_CONFIRM_MAX
 
     def update_acceptance(self, num_steps: int, topk: int, accepted: Sequence[int]) -> None:
         """One step's batch: depth d has reached = #(m >= d−1), successes = #(m >= d)."""
@@ -470,11 +528,20 @@ class Goodput:
         seen = self.observed.setdefault(topk, [])
         while len(seen) < num_steps:
             seen.append(0)
-        for d in range(1, num_steps + 1):
-            reached = sum(1 for m in accepted if m >= d - 1)
-            if not reached:
-                break
-            rate = sum(1 for m in accepted if m >= d) / reached
+        for d, rate in enumerate(depth_rates(accepted, num_steps), start=1):
             seen[d - 1] += 1
             w = max(self.ema, 1.0 / (seen[d - 1] + 1))  # the prior counts as one observation
             a[d - 1] = (1.0 - w) * a[d - 1] + w * rate
+
+
+def depth_rates(accepted: Sequence[int], depth: int) -> list[float]:
+    """Per-depth acceptance of one batch of speculating requests (draft tokens each accepted):
+    a_d = #(m >= d) / #(m >= d−1) for d = 1..``depth``, stopping at the first depth no request
+    reached."""
+    out: list[float] = []
+    for d in range(1, depth + 1):
+        reached = sum(1 for m in accepted if m >= d - 1)
+        if not reached:
+            break
+        out.append(sum(1 for m in accepted if m >= d) / reached)
+    return out
