@@ -46,8 +46,9 @@ class Rotary(nn.Module):
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", rope_inv_freq(cfg, device), persistent=False)
-        dev = self.inv_freq.device
+        inv = rope_inv_freq(cfg, device)
+        self.register_buffer("inv_freq", inv, persistent=False)
+        dev = inv.device
         self._cos = torch.empty(0, device=dev)
         self._sin = torch.empty(0, device=dev)
         # sin with its first half negated (apply_rope_rolled)
