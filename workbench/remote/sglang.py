@@ -146,7 +146,8 @@ def sglang_accept_lengths(metrics: RequestMetrics) -> list[int]:
     A verify round's SGLang accept length is its correct drafts + 1
     (``RequestMetrics.correct_drafts``): the same as the tokens it emitted, except a last
     block cut inside its drafts by a stop or max_new_tokens, which SGLang files under the
-    drafts it kept."""
+    drafts it kept (upstream files it under the whole block; we keep the meta equal to the
+    server's accepted-token counters: docs/DESIGN.md "Which count is which")."""
     if len(metrics.correct_drafts) != len(metrics.accept_lengths):
         raise ValueError(f"RequestMetrics.correct_drafts: {len(metrics.correct_drafts)} entries "
                          f"for {len(metrics.accept_lengths)} verify steps (accept_lengths); "
