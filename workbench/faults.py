@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 INIT_STAGES = ("load_config", "load_target", "load_draft", "autotune", "allocate_kv",
                "attention_backend", "draft_attention_backend", "cuda_graphs", "compile",
-               "self_check")
+               "policy_costmodel", "self_check")
 STEP_PHASES = ("schedule", "prefill", "draft", "verify", "accept", "commit", "extend", "sampler",
                "hook", "nan_logits")
 

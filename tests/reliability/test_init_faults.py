@@ -47,7 +47,7 @@ def chain(e: BaseException) -> list[BaseException]:
 def test_all_stages_are_covered() -> None:
     assert STAGES == ("load_config", "load_target", "load_draft", "autotune", "allocate_kv",
                       "attention_backend", "draft_attention_backend", "cuda_graphs", "compile",
-                      "self_check")
+                      "policy_costmodel", "self_check")
 
 
 @pytest.mark.parametrize("stage", STAGES)

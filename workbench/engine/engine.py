@@ -22,7 +22,7 @@ import torch
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
-from workbench.engine import driver
+from workbench.engine import driver, policy_init
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.output import OutputProcessor, hold_back_stops
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
@@ -103,6 +103,7 @@ class Engine:
             ("draft_attention_backend", r.draft_attention_backend),
             ("cuda_graphs", lambda: r.cuda_graphs(self)),
             ("compile", lambda: r.compile(self)),
+            ("policy_costmodel", lambda: policy_init.stage(self)),
             ("self_check", self._stage_self_check),
         ]
         for name, fn in stages:
@@ -205,7 +206,8 @@ class Engine:
             why = " (draft init failed; running as an explicit baseline)" if self.baseline_only \
                 else ""
             raise ConfigError(f"spec: this engine has no draft model{why}")
-        self.spec = spec
+        # BatchThreshold("auto") / Goodput(): this machine's cost model (policy_init)
+        self.spec = policy_init.resolve(self, spec) if spec is not None else None
 
     def tokenize(self, prompt: Prompt, field: str = "prompt") -> list[int]:
         """Text, token ids or chat messages → token ids; RequestError naming ``field``.

@@ -226,6 +226,9 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
     if draft is not None:
         spec = spec or DEFAULT_SPEC
         policy = spec.policy
+        if getattr(policy, "needs_engine", False):
+            raise ConfigError(f"spec.policy: {policy!r} is resolved by a local engine on its "
+                              "machine; give SGLang a resolved policy (e.g. BatchThreshold(n))")
         runtime_only = not isinstance(policy, (Always, Never, BatchThreshold, StepTable))
         if runtime_only:
             notes.append(f"policy {policy!r}: decides at run time (workbench-only); SGLang's "

@@ -25,7 +25,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from workbench.config import max_draft_tokens
 from workbench.errors import ConfigError
@@ -170,15 +170,26 @@ class BatchThreshold(_Stateless):
 
     ``n = 0`` never speculates (a decode batch is at least 1). Where speculation stops paying
     depends on the machine: :meth:`from_cost_model` takes n from a cost model calibrated on it
-    (``basis`` then says why; it is not part of the policy's identity).
+    (``basis`` then says why; it is not part of the policy's identity). ``n="auto"`` leaves it
+    to the engine: ``Engine.set_spec`` (so ``generate``/``stream``) replaces it by
+    ``from_cost_model`` on this machine's cached cost model and a measured τ
+    (``workbench.engine.policy_init``; stage ``policy_costmodel``, ``Engine.choices["policy"]``).
     """
 
-    n: int
+    n: int | Literal["auto"]
     basis: Crossover | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.n == "auto":
+            return
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 0:
-            raise ConfigError(f"BatchThreshold.n: must be an integer >= 0, got {self.n!r}")
+            raise ConfigError(f"BatchThreshold.n: must be an integer >= 0 or 'auto', got "
+                              f"{self.n!r}")
+
+    @property
+    def needs_engine(self) -> bool:
+        """True for ``n="auto"``: the engine resolves it before the first step."""
+        return self.n == "auto"
 
     @classmethod
     def from_cost_model(cls, cost_model: CostModel, shape: Sequence[int], tau: float, *,
@@ -198,6 +209,9 @@ class BatchThreshold(_Stateless):
         return cls(cross.n, basis=cross)
 
     def decide(self, ctx: PolicyContext) -> Decision:
+        if self.n == "auto":
+            raise ConfigError("BatchThreshold.n: 'auto' is resolved by an engine (Engine.set_spec"
+                              " / generate); outside one use BatchThreshold.from_cost_model")
         if ctx.decode_batch > self.n:
             return Decision(False, reason=f"decode batch {ctx.decode_batch} > {self.n}")
         return Decision(True, ctx.num_steps, ctx.topk, ctx.num_draft_tokens,
@@ -353,7 +367,8 @@ class Goodput:
     the backed-off probes.
     """
 
-    def __init__(self, cost_model: CostModel, candidates: Sequence[Sequence[int]] | None = None,
+    def __init__(self, cost_model: CostModel | None = None,
+                 candidates: Sequence[Sequence[int]] | None = None,
                  ema: float = 0.1, min_dwell: int = 4, hysteresis: float = 0.05,
                  prior_accept: float = 0.7, probe_every: int = 64,
                  accept_seed: Mapping[int, Sequence[float]] | None = None,
@@ -393,6 +408,20 @@ class Goodput:
         self.prior_accept = prior_accept
         self.probe_every = probe_every
         self.reset()
+
+    @property
+    def needs_engine(self) -> bool:
+        """True without a cost model: the engine gives it this machine's (and, unless
+        ``accept_seed`` was given, the acceptance it measured) before the first step."""
+        return self.cost_model is None
+
+    def resolved(self, cost_model: CostModel,
+                 accept_seed: Mapping[int, Sequence[float]] | None = None) -> Goodput:
+        """A fresh Goodput with the same settings, ``cost_model`` and (where this one has
+        none) ``accept_seed``."""
+        return Goodput(cost_model, self.candidates, self.ema, self.min_dwell, self.hysteresis,
+                       self.prior_accept, self.probe_every, self.accept_seed or accept_seed,
+                       self.seed_weight)
 
     def __repr__(self) -> str:
         return (f"Goodput(candidates={self.candidates}, ema={self.ema}, min_dwell="
@@ -436,9 +465,15 @@ class Goodput:
             tau += p
         return tau
 
+    def _model(self) -> CostModel:
+        if self.cost_model is None:
+            raise ConfigError("Goodput.cost_model: None is resolved by an engine (Engine."
+                              "set_spec / generate); outside one pass a CostModel")
+        return self.cost_model
+
     def rates(self, ctx: PolicyContext) -> dict[Shape | None, tuple[float, float]]:
         """Option → (expected tokens/s, predicted step ms); None is off."""
-        b, c, cm = max(ctx.decode_batch, 1), ctx.context_tokens, self.cost_model
+        b, c, cm = max(ctx.decode_batch, 1), ctx.context_tokens, self._model()
         out: dict[Shape | None, tuple[float, float]] = {
             None: cm.tok_s(b, None, context=c, warm=ctx.draft_state == "warm")}
         for shape in self.candidates or (ctx.shape,):
@@ -493,14 +528,14 @@ class Goodput:
     def _remember(self, d: Decision, ctx: PolicyContext) -> Decision:
         """Keep the unscaled prediction so observe() can refresh the cost model's step scale."""
         kind = "spec" if d.speculate else "plain"
-        scale = self.cost_model.scale[kind]
+        scale = self._model().scale[kind]
         self._pending = (d, d.predicted_ms / scale if scale > 0 else d.predicted_ms, kind)
         return d
 
     def observe(self, decision: Decision, measured_ms: float, accepted: list[int]) -> None:
         if self._pending is not None and self._pending[0] is decision:
             _, raw, kind = self._pending
-            self.cost_model.observe_step(kind, raw, measured_ms)
+            self._model().observe_step(kind, raw, measured_ms)
         self._pending = None
         probe, self._probe_at = self._probe_at, None
         if decision.speculate and accepted:
@@ -516,7 +551,7 @@ class Goodput:
         for rate in depth_rates(accepted, min(shape[0], shape[2] - 1)):
             p *= rate
             tau += p
-        spec = self.cost_model.tok_s(max(ctx.decode_batch, 1), shape, tau,
+        spec = self._model().tok_s(max(ctx.decode_batch, 1), shape, tau,
                                      context=ctx.context_tokens)[0]
         self._follow_up = spec > off_tok_s * (1.0 + self.hysteresis) and \
             self.confirm_run < PROBE_CONFIRM_MAX
