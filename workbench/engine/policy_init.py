@@ -43,12 +43,14 @@ from workbench.speculative.policy import BatchThreshold, Goodput
 
 STAGE = "policy_costmodel"
 CACHE_NAME = "policy.json"
-# calibration at fixed, small sizes (bounded: ~30 forwards and 3 short runs per kind)
-BATCHES = (1, 2, 4, 8, 16)
+# calibration at fixed, small sizes (bounded: 36 timed forwards on scratch KV, 3 short runs of
+# 12 tokens per kind, one τ run; ~2 s for the shipped demo models on a 2-core EPYC)
+BATCHES = (1, 2, 4, 8, 16, 32)
 # τ measured on the target's own greedy continuation of a few token seeds: text the target
-# itself writes, which is what a draft trained on its outputs is judged on
+# itself writes, which is what a draft trained on its outputs is judged on (τ grows with the
+# length generated: 64 tokens, as `bench concurrency` measures it)
 SEED_PROMPTS = 8
-TAU_TOKENS = 48
+TAU_TOKENS = 64
 
 
 def cache_file() -> Path | None:
