@@ -324,6 +324,30 @@ def test_goodput_starts_from_measured_acceptance() -> None:
     assert g.acceptance(4, 2) == [0.9, 0.9]
 
 
+def test_goodput_explores_a_stale_candidate_while_on() -> None:
+    """On a chain because the tree's estimate is stale-low (seeded 0.6) while the tree really
+    accepts everything: every probe_every steps on, one step explores the best other shape;
+    its own acceptance says it pays, so explores follow until the estimates agree and the
+    policy moves to the tree. The chain explored from the tree does not pay: no follow-up."""
+    g = Goodput(synthetic_cost(), candidates=[(5, 1, 6), (5, 4, 16)], probe_every=16,
+                accept_seed={4: [0.6] * 5}, seed_weight=1)
+    ds = []
+    for i in range(60):
+        d = g.decide(ctx(1, step=i))
+        g.observe(d, d.predicted_ms / g.cost_model.scale["spec"],
+                  [3 if d.topk == 1 else 5] if d.speculate else [])
+        ds.append(d)
+    assert all(d.shape == (5, 1, 6) for d in ds[:16])  # the stale estimate: chain first
+    assert ds[16].shape == (5, 4, 16) and ds[16].reason == "explore after 16 S5K1N6 steps"
+    assert ds[17].reason == "explore: the last explore's acceptance says it pays"
+    on = next(i for i, d in enumerate(ds) if d.reason.startswith("goodput S5K4N16"))
+    assert on <= 16 + PROBE_CONFIRM_MAX + 1
+    tail = ds[on:]
+    assert [d.reason for d in tail if d.shape != (5, 4, 16)] == [
+        "explore after 16 S5K4N16 steps"]  # one explore back, then the gap doubles
+    assert g.current == (5, 4, 16)
+
+
 def test_depth_rates() -> None:
     assert depth_rates([0, 2, 5, 5], 5) == [0.75, 1.0, 2 / 3, 1.0, 1.0]
     assert depth_rates([0, 0], 3) == [0.0]  # depth 2 reached by nobody: stop

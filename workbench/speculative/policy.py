@@ -356,15 +356,18 @@ class Goodput:
     long busy period pays for few probes, each with a cold-draft catch-up); switching on resets
     it. A policy that starts off probes on its first step (it has measured nothing yet).
 
-    Correcting a wrong start: a probe's own acceptance is judged alone (τ from that step's
-    per-depth rates, priced by the cost model at the probe's batch). When it says speculating
-    beats staying off (by more than ``hysteresis``) the next off step probes again at once
-    instead of backing off — at most ``PROBE_CONFIRM_MAX`` such follow-ups until speculation is
-    next switched on — so a pessimistic start whose probes keep finding high acceptance pulls
-    its estimates up within a few steps (each probe averages in; the prior's weight shrinks as
-    1/(probes+1)); a probe that finds speculation not paying backs off as above. Worst case a
-    wrong "off" costs ``PROBE_CONFIRM_MAX`` extra speculative steps per off stretch on top of
-    the backed-off probes.
+    Exploring while on: with several candidates, after ``probe_gap`` steps in one shape one
+    step runs the best-rated other shape (reason "explore"), so a candidate whose estimate went
+    stale (never run since a noisy dip) is measured again; the same backoff applies.
+
+    Correcting a wrong start: a probe's (or explore's) own acceptance is judged alone (τ from
+    that step's per-depth rates, priced by the cost model at its batch). When it says that shape
+    beats the current choice (by more than ``hysteresis``) the next step probes it again at
+    once instead of backing off — at most ``PROBE_CONFIRM_MAX`` such follow-ups until the choice
+    next changes — so a pessimistic start whose probes keep finding high acceptance pulls its
+    estimates up within a few steps (each probe averages in; the prior's weight shrinks as
+    1/(probes+1)); a probe that finds no gain backs off as above. Worst case a wrong choice
+    costs ``PROBE_CONFIRM_MAX`` extra steps per stretch on top of the backed-off probes.
     """
 
     def __init__(self, cost_model: CostModel | None = None,
@@ -494,33 +497,36 @@ class Goodput:
             self.dwell += 1
         choice = self.current
         why = f"goodput {_name(choice)} {rates[choice][0]:.0f} tok/s (best {_name(best)})"
+        others = [o for o in rates if o is not None and o != choice]
+        follow, self._follow_up = self._follow_up, False
+        if self._probed and not follow:
+            # the last probe did not bring a switch: probe half as often
+            self.probe_gap = min(2 * self.probe_gap, PROBE_BACKOFF_MAX * self.probe_every)
+        self._probed = False
+        self.confirm_run += int(follow)
+        self.off_run += 1
+        if self.probe_every and others and (follow or self.off_run > self.probe_gap):
+            self.off_run = 0
+            self.probes += 1
+            self._probed = True
+            shape = max(others, key=lambda o: rates[o][0])
+            what = "probe" if choice is None else "explore"
+            why = f"{what}: the last {what}'s acceptance says it pays" if follow else \
+                f"{what} after {self.probe_gap} {_name(choice)} steps"
+            self._probe_at = (ctx, rates[choice][0])
+            return self._remember(_spec(shape, why, rates[shape][1]), ctx)
         if choice is None:
-            follow, self._follow_up = self._follow_up, False
-            if self._probed and not follow:
-                # the last probe did not bring speculation back: probe half as often
-                self.probe_gap = min(2 * self.probe_gap, PROBE_BACKOFF_MAX * self.probe_every)
-            self._probed = False
-            self.confirm_run += int(follow)
-            self.off_run += 1
-            if self.probe_every and (follow or self.off_run > self.probe_gap):
-                self.off_run = 0
-                self.probes += 1
-                self._probed = True
-                shape = max((o for o in rates if o is not None), key=lambda o: rates[o][0])
-                why = "probe: the last probe's acceptance says it pays" if follow else \
-                    f"probe after {self.probe_gap} off steps"
-                self._probe_at = (ctx, rates[None][0])
-                return self._remember(_spec(shape, why, rates[shape][1]), ctx)
             return self._remember(Decision(False, reason=why, predicted_ms=rates[None][1]), ctx)
         return self._remember(_spec(choice, why, rates[choice][1]), ctx)
 
     def _switch(self, choice: Shape | None) -> None:
-        if self.started:
-            self.switches += int(choice != self.current)
-            self.off_run = 0
+        if self.started and choice != self.current:
+            self.switches += 1
+            self._follow_up, self.confirm_run = False, 0
+        if self.started or choice is not None:
+            self.off_run = 0  # a policy that starts off probes at once; one that starts on not
         if choice is not None:
             self.probe_gap, self._probed = self.probe_every, False
-            self._follow_up, self.confirm_run = False, 0
         self.started = True
         self.current = choice
         self.dwell = 1
@@ -540,12 +546,12 @@ class Goodput:
         probe, self._probe_at = self._probe_at, None
         if decision.speculate and accepted:
             self.update_acceptance(decision.num_steps, decision.topk, accepted)
-            if probe is not None and decision.reason.startswith("probe"):
+            if probe is not None and decision.reason.startswith(("probe", "explore")):
                 self._judge_probe(decision, accepted, *probe)
 
     def _judge_probe(self, decision: Decision, accepted: Sequence[int], ctx: PolicyContext,
-                     off_tok_s: float) -> None:
-        """The probe's own acceptance alone: does speculating at its shape beat off?"""
+                     current_tok_s: float) -> None:
+        """The probe's own acceptance alone: does its shape beat the current choice?"""
         shape = (decision.num_steps, decision.topk, decision.num_draft_tokens)
         tau, p = 1.0, 1.0
         for rate in depth_rates(accepted, min(shape[0], shape[2] - 1)):
@@ -553,7 +559,7 @@ class Goodput:
             tau += p
         spec = self._model().tok_s(max(ctx.decode_batch, 1), shape, tau,
                                      context=ctx.context_tokens)[0]
-        self._follow_up = spec > off_tok_s * (1.0 + self.hysteresis) and \
+        self._follow_up = spec > current_tok_s * (1.0 + self.hysteresis) and \
             self.confirm_run < PROBE_CONFIRM_MAX
 
     def update_acceptance(self, num_steps: int, topk: int, accepted: Sequence[int]) -> None:
