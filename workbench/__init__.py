@@ -21,11 +21,11 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.speculative.costmodel import CostModel, calibrate
+from workbench.speculative.goodput import Goodput
 from workbench.speculative.policy import (
     Always,
     BatchThreshold,
     Decision,
-    Goodput,
     Never,
     Policy,
     PolicyContext,

@@ -21,12 +21,11 @@ import pytest
 import workbench as wb
 from workbench.bench.concurrency import find_threshold, run_concurrency, summarize, switch_costs
 from workbench.speculative.costmodel import CostModel, CostSample, LinearCost, calibrate
+from workbench.speculative.goodput import PROBE_CONFIRM_MAX, Goodput
 from workbench.speculative.policy import (
-    PROBE_CONFIRM_MAX,
     Always,
     BatchThreshold,
     Decision,
-    Goodput,
     Never,
     PolicyContext,
     RandomFlip,

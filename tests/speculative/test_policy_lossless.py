@@ -16,7 +16,8 @@ import pytest
 
 import workbench as wb
 from workbench.speculative.costmodel import CostModel, LinearCost
-from workbench.speculative.policy import Goodput, RandomFlip, StepTable
+from workbench.speculative.goodput import Goodput
+from workbench.speculative.policy import RandomFlip, StepTable
 from workbench.trace import DraftExtended
 
 State = Literal["warm", "cold", "auto"]

@@ -73,7 +73,7 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     if engine.draft is None:
         return {"baseline": None}
     from workbench.speculative.costmodel import calibrate, measure_tau
-    from workbench.speculative.policy import Goodput
+    from workbench.speculative.goodput import Goodput
 
     spec = spec or SpecConfig()
     shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))

@@ -143,9 +143,15 @@ def write_cache(path: Path | None, key: str, choices: Mapping[str, Choice]) -> N
     entry: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
     entry.update({n: c.to_dict() for n, c in choices.items() if c.source == "measured"})
     entries[key] = entry
+    replace_cache(path, entries, CACHE_VERSION)
+
+
+def replace_cache(path: Path, entries: Mapping[str, Any], version: int) -> None:
+    """Write a cache file of ``entries`` atomically (a temporary file, then ``os.replace``):
+    a reader sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1) + "\n")
+    tmp.write_text(json.dumps({"version": version, "entries": dict(entries)}, indent=1) + "\n")
     os.replace(tmp, path)
 
 

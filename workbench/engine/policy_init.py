@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -39,7 +38,8 @@ from workbench.engine import autotune
 from workbench.errors import ConfigError
 from workbench.speculative.costmodel import CostModel, measure_tau
 from workbench.speculative.costmodel import calibrate as fit_cost_model
-from workbench.speculative.policy import BatchThreshold, Goodput
+from workbench.speculative.goodput import Goodput
+from workbench.speculative.policy import BatchThreshold
 
 STAGE = "policy_costmodel"
 CACHE_NAME = "policy.json"
@@ -65,16 +65,8 @@ def _key(engine: Any, shape: tuple[int, int, int]) -> str:
 
 
 def _read(path: Path | None) -> dict[str, Any]:
-    """Entries of the cache; {} when absent or unreadable (a corrupt cache is ignored and
-    rewritten, never trusted)."""
-    if path is None or not path.is_file():
-        return {}
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    entries = doc.get("entries") if isinstance(doc, dict) else None
-    return entries if isinstance(entries, dict) else {}
+    """Entries of the cache (autotune's reader: a corrupt cache is ignored and rewritten)."""
+    return autotune.read_cache(path)
 
 
 def _write(path: Path | None, key: str, entry: dict[str, Any]) -> None:
@@ -82,10 +74,7 @@ def _write(path: Path | None, key: str, entry: dict[str, Any]) -> None:
         return
     entries = _read(path)
     entries[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": 1, "entries": entries}, indent=1) + "\n")
-    os.replace(tmp, path)
+    autotune.replace_cache(path, entries, 1)
 
 
 def spec_shape(spec: SpecConfig) -> tuple[int, int, int]:
