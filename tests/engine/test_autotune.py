@@ -4,6 +4,7 @@ and model (a second start reads the cache), forced choices kept, outputs unchang
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,33 @@ def test_pick_prefers_default_within_margin() -> None:
     # weighted: a big loss at the heavy shape outweighs a win at a light one
     t = {"dense": {"x": 1.0, "y": 1.0}, "onednn": {"x": 2.0, "y": 0.8}}
     assert autotune.pick(t, "dense", weights={"x": 2.0, "y": 0.5}) == "dense"
+
+
+def test_interleaved_min_takes_turns_and_the_least_time() -> None:
+    order: list[str] = []
+
+    def a() -> None:
+        order.append("a")
+        if order.count("a") == 2:  # the first timed call of "a" hits a busy stretch
+            time.sleep(0.03)
+
+    def b() -> None:
+        order.append("b")
+
+    ms = autotune.interleaved_min_ms({"a": a, "b": b}, budget_s=0.0, min_rounds=4)
+    assert order == ["a", "b"] + ["a", "b"] * 4  # one warm-up each, then turns
+    assert set(ms) == {"a", "b"} and ms["a"] < 25.0  # the spike is not the figure
+
+
+def test_a_busy_machine_is_named_in_the_choice(
+        cache: Path, micro_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(autotune, "loadavg", lambda: [64.0, 64.0, 64.0])
+    e = wb.Engine.from_pretrained(micro_target)
+    try:
+        gemm = e.choices["gemm"]
+        assert gemm["source"] == "measured"
+        assert gemm["note"].startswith("measured at load 64.0 on ")
+    finally:
+        e.close()
+    entry = next(iter(autotune.read_cache(cache).values()))
+    assert entry["gemm"]["note"] == gemm["note"]  # cached with the load it was measured at
