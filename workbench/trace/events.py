@@ -139,9 +139,12 @@ class Verified(Event):
 
     ``target_tokens[n]``: the target's argmax/sample given node ``n`` as the last context token.
     ``target_probs[n]``: target probability of node ``n``'s token given its parent (root: 1.0).
-    ``accepted_path``: node indices from the root (starts with 0). ``accepted_tokens``: tokens
-    emitted this step, i.e. the accepted draft tokens then the bonus token, so
-    ``accept_length == len(accepted_tokens)`` (τ of the step, bonus included).
+    ``accepted_path``: node indices from the root (starts with 0). ``accepted_tokens``: the
+    block the verifier accepted, i.e. the accepted draft tokens then the bonus token, so
+    ``accept_length == len(accepted_tokens)`` (τ of the step, bonus included). This is the
+    verifier's decision: when a stop or max_new_tokens ends the request inside the block, the
+    request emits fewer, and ``RequestMetrics`` / ``EngineStats`` count what it emitted
+    (docs/DESIGN.md "Which count is which").
     """
 
     step: int
