@@ -30,7 +30,6 @@ LEVELS = (1, 2, 4) if FAST else (1, 2, 4, 8)
 MAX_NEW_TOKENS = 12 if FAST else 16  # the whole page must fit an 8-minute `make report`
 REPEATS = 2 if FAST else 3  # intervals need repeats; a suggestion needs them to agree
 FLIP_LEVELS = (1, 4)  # the warm/cold switch-cost arms: two levels, one repeat
-THRESHOLD_GUESS = 2 if FAST else 4
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -60,11 +59,17 @@ print(models.describe())
 # %% [markdown]
 # ## The arms
 # One engine, one draft head, several policies. The seeds ran a chain (`topk=1`); so do we.
-# `default_arms` also calibrates a cost model for the goodput policy on this machine.
+# `default_arms` calibrates a cost model on this machine (step times by batch size, spec and
+# plain) and measures τ on these prompts. The goodput policy uses both; the threshold arm
+# takes its `n` from them too: `BatchThreshold.from_cost_model` puts the cut-off where plain
+# decoding is predicted to catch up, on this machine, not where someone guessed.
 
 # %%
 spec = wb.SpecConfig(num_steps=4, topk=1)
-all_arms = default_arms(engine, spec=spec, threshold=THRESHOLD_GUESS)
+all_arms = default_arms(engine, spec=spec, threshold="auto", prompts=prompts,
+                        max_new_tokens=MAX_NEW_TOKENS)
+threshold_policy = all_arms["threshold"].policy
+print(f"threshold arm: BatchThreshold({threshold_policy.n}) — {threshold_policy.basis.reason()}")
 flip_arms = {a: s for a, s in all_arms.items() if a == "baseline" or a.startswith("flip")}
 arms = {a: s for a, s in all_arms.items() if not a.startswith("flip")}
 
@@ -189,7 +194,7 @@ else:
           f"(every interval on one side of 1.0, no flags)")
 
 # %% [markdown]
-# How close did the threshold arm (`BatchThreshold({THRESHOLD_GUESS})` here, `draft_state=auto`)
+# How close did the threshold arm (the measured `BatchThreshold(n)` above, `draft_state=auto`)
 # come to the upper envelope, the better of baseline and always-on EAGLE-3 at each level?
 # Computed, not assumed:
 
