@@ -186,6 +186,18 @@ def max_draft_tokens(num_steps: int, topk: int) -> int:
     return topk * num_steps + 1
 
 
+def tree_shape_problem(num_steps: int, topk: int, num_draft_tokens: int) -> str | None:
+    """The tree-shape rule an (S, K, N) breaks, in words (``None`` when it breaks none): a
+    chain (topk=1) verifies exactly S+1 nodes; a tree at most :func:`max_draft_tokens`.
+    SpecConfig and the policies' candidate shapes both check it."""
+    s, k, n = num_steps, topk, num_draft_tokens
+    if k == 1 and n != s + 1:
+        return f"topk=1 (chain) forces num_draft_tokens = num_steps + 1 = {s + 1}, got {n}"
+    if n > max_draft_tokens(s, k):
+        return f"num_draft_tokens {n} > topk·num_steps+1 = {max_draft_tokens(s, k)}"
+    return None
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """EAGLE-3 settings: S draft steps (tree depth), top-K branching, N verified nodes.
@@ -230,12 +242,9 @@ class SpecConfig:
             object.__setattr__(self, "num_draft_tokens", n)
         if not _is_int(n) or n < 2:
             raise ConfigError(f"SpecConfig.num_draft_tokens: must be >= 2, got {n!r}")
-        if k == 1 and n != s + 1:
-            raise ConfigError(f"SpecConfig.num_draft_tokens: topk=1 (chain) forces "
-                              f"num_draft_tokens = num_steps + 1 = {s + 1}, got {n}")
-        if n > max_draft_tokens(s, k):
-            raise ConfigError(f"SpecConfig.num_draft_tokens: {n} > topk·num_steps+1 = "
-                              f"{max_draft_tokens(s, k)}")
+        problem = tree_shape_problem(s, k, n)
+        if problem:
+            raise ConfigError(f"SpecConfig.num_draft_tokens: {problem}")
         if self.draft_state not in ("warm", "cold", "auto"):
             raise ConfigError(f"SpecConfig.draft_state: {self.draft_state!r} not warm/cold/auto")
         w = self.catchup_window

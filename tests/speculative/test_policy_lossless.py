@@ -25,21 +25,7 @@ SHAPE: dict[str, Any] = {"num_steps": 3, "topk": 2, "num_draft_tokens": 6}
 SP = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def quick_head(micro_target: Path, tiny_corpus: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A head trained ~40 steps (seconds): accepts some drafts, unlike the random head."""
-    from workbench.train.eagle3 import DraftTrainConfig, train_draft
-
-    root = tmp_path_factory.mktemp("quick_head")
-    train_draft(DraftTrainConfig(target=str(micro_target), out=str(root / "head"),
-                                 work=str(root / "work"), corpus=str(tiny_corpus),
-                                 draft_vocab_size=128, steps=40, batch=4, seq_len=64, lr=3e-3,
-                                 warmup=5, regenerate=False, eval_batches=1, ckpt_every=1000))
-    return root / "head"
-
-
-@pytest.fixture(scope="module", params=["quick_head", "random_head"])
+@pytest.fixture(scope="module", params=["trained_head", "random_head"])
 def engine(request: pytest.FixtureRequest, micro_target: Path) -> Iterator[wb.Engine]:
     head = request.getfixturevalue(request.param)
     e = wb.Engine.from_pretrained(micro_target, draft=head,
@@ -158,7 +144,7 @@ def test_step_table_equals_baseline(engine: wb.Engine, state: State) -> None:
 def test_cold_catch_up_keeps_acceptance(engine: wb.Engine) -> None:
     """A cold draft caught up after off steps accepts like a warm one (same flips, same τ):
     losslessness alone would not notice a stale draft, acceptance does."""
-    if engine.head_name != "quick_head":  # type: ignore[attr-defined]
+    if engine.head_name != "trained_head":  # type: ignore[attr-defined]
         pytest.skip("needs a head that accepts drafts")
     taus = {}
     for state in ("warm", "cold"):

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from workbench.config import max_draft_tokens
+from workbench.config import tree_shape_problem
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -127,12 +127,9 @@ def check_shape(shape: Sequence[int], where: str) -> Shape:
     if s < 1 or k < 1 or n < 2:
         raise ConfigError(f"{where}: need num_steps >= 1, topk >= 1, num_draft_tokens >= 2, "
                           f"got {shape!r}")
-    if k == 1 and n != s + 1:
-        raise ConfigError(f"{where}: topk=1 (chain) forces num_draft_tokens = num_steps + 1 = "
-                          f"{s + 1}, got {n}")
-    if n > max_draft_tokens(s, k):
-        raise ConfigError(f"{where}: num_draft_tokens {n} > topk·num_steps+1 = "
-                          f"{max_draft_tokens(s, k)}")
+    problem = tree_shape_problem(s, k, n)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     return (s, k, n)
 
 
