@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import workbench as wb
 from workbench.models.synthetic import write_random_head
 
 __all__ = ["random_head", "write_random_head"]  # write_random_head: imported by other tests
@@ -27,6 +29,15 @@ def trained_head(micro_target: Path, tiny_corpus: Path,
                                  work=str(root / "work"), corpus=str(tiny_corpus),
                                  **MICRO_DRAFT_TRAINING))
     return root / "head"
+
+
+@pytest.fixture(scope="module")
+def engine(micro_target: Path, trained_head: Path) -> Iterator[wb.Engine]:
+    """The micro target with the trained head (a module's own ``engine`` fixture overrides it)."""
+    e = wb.Engine.from_pretrained(micro_target, draft=trained_head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    yield e
+    e.close()
 
 
 # Seconds on one core; regenerated (target-greedy) data makes acceptance clearly non-zero.

@@ -10,8 +10,6 @@ docs/DESIGN.md §4 "Mixed steps")."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +19,6 @@ from workbench.trace import DraftExtended
 from workbench.trace.tracer import RecordingTracer
 
 LOGPROB_TOL = 1e-5  # float32 rounding of the same row in another batch (observed <= 3e-6)
-
-
-@pytest.fixture(scope="module")
-def engine(micro_target: Path, trained_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=trained_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192))
-    yield e
-    e.close()
 
 
 def workload(engine: wb.Engine, n: int, seed: int) -> list[tuple[list[int], wb.SamplingParams]]:

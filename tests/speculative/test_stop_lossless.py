@@ -14,8 +14,6 @@ substring from its middle), so they fire mid-generation, usually inside a verifi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from speculative.test_lossless import CONFIGS, prompts
@@ -24,14 +22,6 @@ import workbench as wb
 
 N = 24
 FAST = ("chain S3", "S5 K4 N16", "S6 K8 N32")
-
-
-@pytest.fixture(scope="module")
-def engine(micro_target: Path, trained_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=trained_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192))
-    yield e
-    e.close()
 
 
 def with_stops(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
