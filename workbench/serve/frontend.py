@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -128,21 +128,32 @@ class ServeState:
 
     async def final(self, request: Any, ticket: Ticket, sink: AsyncSink) -> Chunk | None:
         """The final chunk, or None if the client disconnected first (request aborted)."""
-        watcher = asyncio.ensure_future(disconnected(request))
-        try:
+        got = await self.finals(request, [(ticket, sink)])
+        return None if got is None else got[0]
+
+    async def finals(self, request: Any, pairs: Sequence[tuple[Ticket, AsyncSink]],
+                     ) -> list[Chunk] | None:
+        """Every (ticket, sink)'s final chunk, in order, or None if the client disconnected
+        first; every ticket is aborted on the way out (a no-op for finished ones)."""
+        async def one(sink: AsyncSink) -> Chunk:
             while True:
-                getter = asyncio.ensure_future(sink.queue.get())
-                done, _ = await asyncio.wait({getter, watcher},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    return None
-                item = getter.result()
+                item = await sink.queue.get()
                 if isinstance(item, Chunk) and item.finished:
                     return public_chunk(item)
+
+        watcher = asyncio.ensure_future(disconnected(request))
+        gathered = asyncio.ensure_future(asyncio.gather(*(one(sink) for _, sink in pairs)))
+        try:
+            done, _ = await asyncio.wait({gathered, watcher},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gathered not in done:
+                gathered.cancel()
+                return None
+            return list(gathered.result())
         finally:
             watcher.cancel()
-            self.loop.abort(ticket)  # no-op once finished
+            for ticket, _ in pairs:
+                self.loop.abort(ticket)
 
     async def chunks(self, ticket: Ticket, sink: AsyncSink) -> AsyncIterator[Chunk]:
         """Streamed chunks; partial UTF-8 (text ending in U+FFFD) waits for the next step."""

@@ -30,8 +30,6 @@ from workbench.serve.frontend import (
     AsyncSink,
     ServeState,
     check_failed,
-    disconnected,
-    public_chunk,
 )
 from workbench.serve.loop import Chunk, Ticket
 from workbench.serve.openai_protocol import OpenAIRequest, parse_chat, parse_completion
@@ -158,27 +156,6 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                 loop.abort(c.ticket)
         return abort
 
-    async def finals(request: Any, choices: list[_Choice]) -> list[Chunk] | None:
-        """Every choice's final chunk, or None if the client went away first (all aborted)."""
-        async def one(c: _Choice) -> Chunk:
-            while True:
-                item = await c.sink.queue.get()
-                if isinstance(item, Chunk) and item.finished:
-                    return public_chunk(item)
-
-        watcher = asyncio.ensure_future(disconnected(request))
-        gathered = asyncio.ensure_future(asyncio.gather(*(one(c) for c in choices)))
-        try:
-            done, _ = await asyncio.wait({gathered, watcher},
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if gathered not in done:
-                gathered.cancel()
-                return None
-            return list(gathered.result())
-        finally:
-            watcher.cancel()
-            abort_all(choices)()  # no-op for finished ones
-
     async def merged(choices: list[_Choice]) -> AsyncIterator[tuple[_Choice, Chunk]]:
         """Every choice's streamed chunks as they come (partial UTF-8 held back)."""
         q: asyncio.Queue[tuple[_Choice, Chunk] | None] = asyncio.Queue()
@@ -215,7 +192,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                                                           dict[str, Any]]) -> Any:
         """The non-streaming answer: ``head`` (id, object, created, model), every choice's
         final chunk as ``shape`` makes it, usage; 499 if the client went away first."""
-        got = await finals(request, choices)
+        got = await st.finals(request, [(c.ticket, c.sink) for c in choices])
         if got is None:
             return Response(status_code=499)
         out_choices = []
