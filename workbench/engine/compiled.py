@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from workbench.models.gemm import onednn_linear, onednn_linear_add
-from workbench.models.rope import rolled_rope_tables
 
 BUDGET_S = float(os.environ.get("WORKBENCH_COMPILE_BUDGET_S", "300"))
 MARGIN = 0.03  # compiled must beat eager by this much to be kept under "auto"
@@ -201,7 +200,7 @@ def make_fn(engine: Any, key: int) -> Callable[..., Any]:
 
     def fn(tokens: torch.Tensor, positions: torch.Tensor) -> Any:
         x = target.model.embed_tokens(tokens)
-        cos, sin = rolled_rope_tables(*target.model.rotary_emb.cos_sin(positions, x.dtype))
+        cos, sin = target.model.rotary_emb.rolled(positions, x.dtype)
         return compiled(x, cos, sin, attn, aux, fast, "dense", ops)
 
     return fn

@@ -188,14 +188,13 @@ class ModelRunner:
             all_slots = self.pool.slots(r.blocks, 0, e)
             write.append(all_slots[s:])
             kv.append(all_slots)
-        q_lens = batch.q_lens
+        q_lens, write_slots = batch.q_lens, torch.cat(write)
         if self.graphs is not None:
             out = self.graphs.run(batch.tokens, batch.positions,  # type: ignore[attr-defined]
-                                  torch.cat(write), q_lens, kv, batch.tree_masks,
-                                  batch.want_aux)
+                                  write_slots, q_lens, kv, batch.tree_masks, batch.want_aux)
             if out is not None:
                 return out  # type: ignore[no-any-return]
-        self.attn.plan(torch.cat(write), q_lens, kv, batch.tree_masks)
+        self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
         return self.target(batch.tokens, batch.positions, self.attn,
                            self.aux_layers if batch.want_aux else ())
 

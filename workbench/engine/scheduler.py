@@ -38,12 +38,12 @@ class DecodePlan:
 @dataclass
 class ScheduledBatch:
     """One step's work, KV reserved: prefill chunks, then the decode batch split into requests
-    that speculate (``lookahead`` reserved) and requests that decode plainly (one reserved)."""
+    that speculate (``lookahead`` reserved); the rest decode plainly (one position reserved:
+    :meth:`plain_after` names them once the speculating requests have run)."""
 
     prefill: list[tuple[Request, int, int]]
     decode: list[Request]  # the policy's batch, in running order (preempted ones included)
     speculate: list[Request]
-    plain: list[Request]
     decision: Decision | None  # None: no decode batch this step
 
     def plain_after(self, speculated: list[Request]) -> list[Request]:
@@ -95,13 +95,13 @@ class Scheduler:
         decode request. A preempted request leaves the prefill and decode lists."""
         sched = self.schedule()
         if not sched.decode:
-            return ScheduledBatch(sched.prefill, [], [], [], None)
+            return ScheduledBatch(sched.prefill, [], [], None)
         p = plan(sched.decode)
         spec = self.ensure_decode_room(p.speculate, p.lookahead) if p.speculate else []
         chosen = {id(r) for r in spec}
-        plain = self.ensure_decode_room([r for r in sched.decode if id(r) not in chosen], 1)
+        self.ensure_decode_room([r for r in sched.decode if id(r) not in chosen], 1)
         prefill = [c for c in sched.prefill if c[0].status is Status.RUNNING]
-        return ScheduledBatch(prefill, sched.decode, spec, plain, p.decision)
+        return ScheduledBatch(prefill, sched.decode, spec, p.decision)
 
     def ensure_decode_room(self, reqs: list[Request], lookahead: int) -> list[Request]:
         """Reserve kv_len + lookahead positions for each request, preempting the newest

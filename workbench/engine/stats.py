@@ -9,6 +9,13 @@ from workbench.core import accept_length
 ACCEPT_HISTORY = 65536
 
 
+def count_depths(counts: list[int], accepted: int) -> None:
+    """counts[d] += 1 for every accepted depth d < ``accepted`` (growing the list as needed)."""
+    counts.extend([0] * (accepted - len(counts)))
+    for depth in range(accepted):
+        counts[depth] += 1
+
+
 class EngineStats:
     """Counters since the engine started (or since ``reset``); O(1) memory per step."""
 
@@ -48,9 +55,7 @@ class EngineStats:
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
-        self.accepted_per_pos.extend([0] * (accepted - len(self.accepted_per_pos)))
-        for depth in range(accepted):
-            self.accepted_per_pos[depth] += 1
+        count_depths(self.accepted_per_pos, accepted)
 
     @property
     def accept_length(self) -> float:

@@ -27,7 +27,7 @@ from workbench.engine.output import OutputProcessor
 from workbench.engine.runner import ModelRunner
 from workbench.engine.sampler import process_probs, sample_rows, valid_distribution
 from workbench.engine.scheduler import DecodePlan, ScheduledBatch
-from workbench.engine.stats import EngineStats
+from workbench.engine.stats import EngineStats, count_depths
 from workbench.models.llama import row_bucket
 from workbench.speculative.drafter import draft_tree
 from workbench.speculative.policy import Decision, PolicyContext
@@ -265,7 +265,9 @@ class EagleWorker:
         t = time.perf_counter()
         faults.check("step:commit")
         assert aux_all is not None
-        keep = self._commit(reqs, tree, res, logits, aux_all[: b * n].view(b, n, -1), outputs)
+        accepted = res.accept_len.tolist()  # one device read for the batch
+        keep = self._commit(reqs, tree, res, accepted, logits, aux_all[: b * n].view(b, n, -1),
+                            outputs)
         phases["commit"] = _ms(t)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
         t = time.perf_counter()
@@ -274,7 +276,7 @@ class EagleWorker:
         # 7. Riders: each samples its token as a plain step would (then extends per that rule).
         if ride:
             self._plain_commit(ride, logits_all[b * n :], aux_all[b * n :], outputs, phases)
-        return reqs + ride, res.accept_len.tolist()
+        return reqs + ride, accepted
 
     def _riders(self, batch: ScheduledBatch, reqs: list[Request], n: int) -> list[Request]:
         """The decode requests that ride in this verify forward as one-node trees: every one
@@ -305,7 +307,7 @@ class EagleWorker:
             d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
 
     def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
-                logits: torch.Tensor, aux: torch.Tensor,
+                accepted: list[int], logits: torch.Tensor, aux: torch.Tensor,
                 outputs: dict[int, StepOutput]) -> list[Request]:
         """Compact the accepted paths' KV, emit their tokens; returns the requests still
         running (their drafts extend next)."""
@@ -317,7 +319,7 @@ class EagleWorker:
         for i, r in enumerate(reqs):
             if out.bad_logits(r, logits[i], outputs):
                 continue
-            m = int(res.accept_len[i])
+            m = accepted[i]
             path = res.accept_index[i, : m + 1]
             slots = pool.slots(r.blocks, r.kv_len, r.kv_len + n)
             rows = path.to(slots.device)
@@ -330,8 +332,9 @@ class EagleWorker:
         if src:
             pool.compact(torch.cat(src), torch.cat(dst))
         keep: list[Request] = []
+        bonus = res.bonus.tolist()
         for i, r, m, path in ok:
-            new = tree.tokens[i, path[1:]].tolist() + [int(res.bonus[i])]
+            new = tree.tokens[i, path[1:]].tolist() + [bonus[i]]
             if self.trace.enabled:
                 self._trace_verify(r, tree, i, res, logits[i], new)
             cut = out.cut(r, new)  # a stop or max_new_tokens may end the block early
@@ -479,13 +482,6 @@ class EagleWorker:
                                     accepted_path=res.accept_index[i, : m + 1].tolist(),
                                     accepted_tokens=new, accept_length=len(new),
                                     bonus_token=int(res.bonus[i])))
-
-
-def count_depths(counts: list[int], accepted: int) -> None:
-    """counts[d] += 1 for every accepted depth d < ``accepted`` (growing the list as needed)."""
-    counts.extend([0] * (accepted - len(counts)))
-    for depth in range(accepted):
-        counts[depth] += 1
 
 
 def _ms(t0: float) -> float:
