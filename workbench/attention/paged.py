@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from workbench.attention.triton_backend import has_tree
+
 
 class PagedAttention:
     """Backend for one pool (target: L layers; draft: one layer).
@@ -71,14 +73,14 @@ class PagedAttention:
             self.kv_flat = self.kv_index.flatten()
         self.q_index = None if uniform else torch.cat(
             [torch.arange(q, device=dev) + i * lq for i, q in enumerate(q_lens)])
-        has_tree = tree_masks is not None and any(m is not None for m in tree_masks)
+        tree = has_tree(tree_masks)
         # Fast paths: one new token per request with no padding needs no mask at all; a single
         # fresh prefill is plain causal attention.
         self.is_causal = False
-        if uniform and not has_tree and lq == 1:
+        if uniform and not tree and lq == 1:
             self.mask = None
             return
-        if uniform and not has_tree and b == 1 and lq == lk:
+        if uniform and not tree and b == 1 and lq == lk:
             self.mask, self.is_causal = None, True
             return
         # Additive float mask (0 / -inf), built once per forward: SDPA turns a bool mask into

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from workbench.speculative.costmodel import CostModel
 
 
+def tau_of(rates: Sequence[float]) -> float:
+    """Accept length of per-depth acceptance rates a_1..a_d: τ = 1 + Σ_d Π_{j≤d} a_j."""
+    tau, p = 1.0, 1.0
+    for a in rates:
+        p *= a
+        tau += p
+    return tau
+
+
 PROBE_BACKOFF_MAX = 16
 PROBE_CONFIRM_MAX = 8  # follow-up probes per off stretch (each asked for by the last probe)
 
@@ -166,11 +175,7 @@ class Goodput:
     def expected_tau(self, shape: Sequence[int]) -> float:
         """τ = 1 + Σ_d Π_{j≤d} a_j over depths 1..min(S, N−1) (bonus token included)."""
         s, k, n = shape
-        tau, p = 1.0, 1.0
-        for a in self.acceptance(k, min(s, n - 1)):
-            p *= a
-            tau += p
-        return tau
+        return tau_of(self.acceptance(k, min(s, n - 1)))
 
     def _model(self) -> CostModel:
         if self.cost_model is None:
@@ -257,10 +262,7 @@ class Goodput:
                      current_tok_s: float) -> None:
         """The probe's own acceptance alone: does its shape beat the current choice?"""
         shape = (decision.num_steps, decision.topk, decision.num_draft_tokens)
-        tau, p = 1.0, 1.0
-        for rate in depth_rates(accepted, min(shape[0], shape[2] - 1)):
-            p *= rate
-            tau += p
+        tau = tau_of(depth_rates(accepted, min(shape[0], shape[2] - 1)))
         spec = self._model().tok_s(max(ctx.decode_batch, 1), shape, tau,
                                      context=ctx.context_tokens)[0]
         self._follow_up = spec > current_tok_s * (1.0 + self.hysteresis) and \

@@ -228,6 +228,7 @@ class StepTable(_Stateless):
     tiers: Mapping[Any, Sequence[int] | None]  # (lo, hi) → shape; hi None or inf: open
     _rows: tuple[tuple[int, float, Shape | None], ...] = field(init=False, repr=False,
                                                                 compare=False)
+    _los: tuple[int, ...] = field(init=False, repr=False, compare=False)  # each tier's lo
 
     def __post_init__(self) -> None:
         if not isinstance(self.tiers, Mapping) or not self.tiers:
@@ -261,15 +262,17 @@ class StepTable(_Stateless):
             raise ConfigError(f"StepTable.tiers: gap: decode batch {int(rows[-1][1]) + 1}..inf is "
                               "not covered (use hi=None for the last tier)")
         object.__setattr__(self, "_rows", tuple(rows))
+        object.__setattr__(self, "_los", tuple(r[0] for r in rows))
+
+    def _tier(self, decode_batch: int) -> tuple[int, float, Shape | None]:
+        return self._rows[bisect.bisect_right(self._los, max(decode_batch, 1)) - 1]
 
     def lookup(self, decode_batch: int) -> Shape | None:
         """The tier's shape for this batch size (None = off)."""
-        i = bisect.bisect_right([r[0] for r in self._rows], max(decode_batch, 1)) - 1
-        return self._rows[i][2]
+        return self._tier(decode_batch)[2]
 
     def decide(self, ctx: PolicyContext) -> Decision:
-        i = bisect.bisect_right([r[0] for r in self._rows], max(ctx.decode_batch, 1)) - 1
-        lo, hi, shape = self._rows[i]
+        lo, hi, shape = self._tier(ctx.decode_batch)
         why = f"decode batch {ctx.decode_batch} in tier {lo}..{_fmt(hi)}"
         return Decision(False, reason=why) if shape is None else spec_decision(shape, why)
 
