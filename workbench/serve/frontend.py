@@ -143,9 +143,9 @@ class ServeState:
 
         watcher = asyncio.ensure_future(disconnected(request))
         gathered = asyncio.ensure_future(asyncio.gather(*(one(sink) for _, sink in pairs)))
+        racers: set[asyncio.Future[Any]] = {gathered, watcher}
         try:
-            done, _ = await asyncio.wait({gathered, watcher},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
             if gathered not in done:
                 gathered.cancel()
                 return None
