@@ -60,11 +60,6 @@ def _token_decoder(engine: Any) -> Callable[[int], str] | None:
     return None if tok is None else (lambda t: tok.decode([t]))
 
 
-def _num_positions(engine: Any) -> int:
-    spec = engine.spec
-    return 0 if spec is None else spec.num_steps
-
-
 # ---- routes ------------------------------------------------------------------------------------
 
 
@@ -93,8 +88,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
 
     @app.get("/metrics")
     async def metrics() -> Any:
-        snap, npos = await st.call(lambda e: (snapshot(e, loop), _num_positions(e)))
-        return PlainTextResponse(render(snap, npos, name),
+        snap = await st.call(lambda e: snapshot(e, loop))
+        return PlainTextResponse(render(snap, snap["sglang:spec_num_steps"], name),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
