@@ -76,7 +76,8 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     from workbench.speculative.goodput import Goodput
 
     spec = spec or SpecConfig()
-    shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))
+    assert spec.num_draft_tokens is not None  # SpecConfig.__post_init__ fills it
+    shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens))
     off = dataclasses.replace(spec, draft_state="auto")  # policies that turn drafting off
     # Goodput may also pick cheaper chains (mid batch sizes: less verify work per request)
     candidates = list(dict.fromkeys([shape, (shape[0], 1, shape[0] + 1), (3, 1, 4)]))

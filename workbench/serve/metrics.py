@@ -59,8 +59,7 @@ def snapshot(engine: Any, loop: Any) -> dict[str, Any]:
         "sglang:spec_accept_length": st.accept_length,
         "sglang:spec_accept_rate": st.accept_rate,
         "sglang:spec_num_steps": 0 if spec is None else spec.num_steps,
-        "sglang:spec_num_draft_tokens": 0 if spec is None else
-        spec.num_draft_tokens or spec.num_steps + 1,
+        "sglang:spec_num_draft_tokens": 0 if spec is None else spec.num_draft_tokens,
         "sglang:spec_verify_calls_total": st.verify_ct,
         "sglang:num_running_reqs": running,
         "sglang:num_queue_reqs": max(0, loop.num_pending - running),
