@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.bench import cli_args as args
-from workbench.bench.cli_output import finish, saved_flags, show, stamp
+from workbench.bench.cli_output import finish, json_records, saved_flags, show, stamp
 
 
 def _concurrency_arms(engine: Any, ns: argparse.Namespace, shape: Any,
@@ -30,11 +30,12 @@ def _concurrency_arms(engine: Any, ns: argparse.Namespace, shape: Any,
 
     arms = default_arms(engine, spec=shape, flips=True, threshold=args.threshold(ns),
                         prompts=prompts, max_new_tokens=args.max_new(ns))
-    for arm, basis in policy_bases(arms).items():
+    bases = policy_bases(arms)
+    for arm, basis in bases.items():
         print(f"{arm} arm: {basis['policy']} from the cost model calibrated now: "
               f"{basis['reason']}")
     forced = arms.get("threshold")
-    if forced is not None and "threshold" not in policy_bases(arms):
+    if forced is not None and "threshold" not in bases:
         print(f"threshold arm: {forced.policy!r} (forced by --threshold)")
     return arms
 
@@ -134,7 +135,7 @@ def bench_http(ns: argparse.Namespace) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     df.drop(columns=["errors"], errors="ignore").to_csv(out / "concurrency_http.csv", index=False)
-    rows_json = json.loads(df.to_json(orient="records"))
+    rows_json = json_records(df)
     (out / "concurrency_http.json").write_text(json.dumps(
         {"machine": machine_info(), "url": ns.url, "rows": rows_json}, indent=2) + "\n")
     stamp(out / "concurrency_http.json", flags, load.as_dict(), None, "concurrency_http",
