@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from workbench.bench import cli_args as args
-from workbench.bench.cli_output import finish, print_choices, show, stamp
+from workbench.bench.cli_output import finish, json_records, print_choices, show, stamp
 
 
 def bench_spec(ns: argparse.Namespace) -> int:
@@ -86,7 +86,7 @@ def bench_peers(ns: argparse.Namespace) -> int:
     summary.to_csv(out / "peers.csv", index=False)
     (out / "peers.json").write_text(json.dumps(
         {"machine": machine, "spec": ns.spec if spec is not None else None,
-         "summary": json.loads(summary.to_json(orient="records"))},
+         "summary": json_records(summary)},
         indent=2) + "\n")
     stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices}, "peers",
           summary)
