@@ -28,6 +28,14 @@ def _file_key(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def _cached(meta: Path, key: str) -> dict[str, Any] | None:
+    """The cache's metadata in ``meta`` if it exists and was written for ``key``, else None."""
+    if not meta.is_file():
+        return None
+    m = json.loads(meta.read_text())
+    return m if m.get("key") == key else None
+
+
 def corpus_tokens(cfg: DraftTrainConfig, folder: Path,
                   mcfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Corpus train / held-out token arrays (files joined by EOS) in the target's tokenizer,
@@ -43,7 +51,7 @@ def corpus_tokens(cfg: DraftTrainConfig, folder: Path,
     key = hashlib.sha1(tok_path.read_bytes()).hexdigest() + _file_key(
         list(split.train + split.heldout))
     meta = work / "corpus.json"
-    if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
+    if _cached(meta, key) is not None:
         return np.load(work / "corpus_train.npy"), np.load(work / "corpus_heldout.npy")
     tok = Tokenizer.from_file(str(tok_path))
     eos = mcfg.eos_token_id[:1]
@@ -109,8 +117,8 @@ def regenerated(cfg: DraftTrainConfig, folder: Path, train: np.ndarray,
     key = _file_key([folder / "config.json", *weights]) + json.dumps(settings, sort_keys=True)
     work = Path(cfg.work)
     meta = work / "regen.json"
-    if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
-        m = json.loads(meta.read_text())
+    m = _cached(meta, key)
+    if m is not None:
         return (np.load(work / "regen_train.npy"), np.load(work / "regen_heldout.npy"),
                 float(m["seconds"]))
     t0 = time.perf_counter()
