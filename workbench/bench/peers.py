@@ -29,6 +29,8 @@ from tqdm.auto import tqdm
 from workbench.bench.machine import machine_info
 from workbench.config import SamplingParams, SpecConfig
 
+COMPILED = "hf static compiled"  # the peer that is warmed (and compiled) on every prompt
+
 
 def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
               assistant: str | Path | None = None,
@@ -69,7 +71,7 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
                                                    dtype=torch.float32).eval()
         hfc.generation_config.cache_implementation = "static"
         hfc.forward = torch.compile(hfc.forward, mode="reduce-overhead", fullgraph=True)
-        arms["hf static compiled"] = lambda p: hf_run(p, model=hfc)
+        arms[COMPILED] = lambda p: hf_run(p, model=hfc)
     arms["workbench"] = lambda p: engine.generate([p], sp)[0].token_ids
     if asst is not None:
         arms["hf assisted"] = lambda p: hf_run(p, assistant_model=asst)
@@ -81,7 +83,7 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
         # the compiled peer recompiles its forward for every new prompt length (the prefill
         # shape): warm it on every prompt, so its timed runs are its best steady state and
         # all of its compiling is in startup_s / compile_s
-        for p in prompts if name == "hf static compiled" else prompts[:1]:
+        for p in prompts if name == COMPILED else prompts[:1]:
             fn(p)
         startup[name] = time.perf_counter() - t0
     rows = []
@@ -104,14 +106,15 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
     g["vs_hf_generate"] = g["tok_s"] / g["tok_s"]["hf generate"]
     hf_best = g.loc[[a for a in g.index if a.startswith("hf")], "tok_s"].max()
     g["vs_best_hf"] = g["tok_s"] / hf_best
-    if "hf static compiled" in g.index:
-        g["vs_hf_compiled"] = g["tok_s"] / g["tok_s"]["hf static compiled"]
+    if COMPILED in g.index:
+        g["vs_hf_compiled"] = g["tok_s"] / g["tok_s"][COMPILED]
     g["startup_s"] = [startup[a] for a in g.index]
     per_prompt = df[df["repeat"] == 0].groupby("arm", sort=False)["seconds"]
-    warmed = {a: len(prompts) if a == "hf static compiled" else 1 for a in g.index}
-    # compile_s: the warm-up minus what the same prompts take once compiled
-    g["compile_s"] = [max(0.0, startup[a] - (per_prompt.sum()[a] if warmed[a] > 1
-                                             else per_prompt.mean()[a])) for a in g.index]
+    # compile_s: the warm-up minus what the same prompts take once compiled (with one prompt
+    # the compiled peer's sum is its mean)
+    warm_sum, warm_mean = per_prompt.sum(), per_prompt.mean()
+    g["compile_s"] = [max(0.0, startup[a] - (warm_sum if a == COMPILED else warm_mean)[a])
+                      for a in g.index]
     if repeats > 1:
         per = df.groupby(["arm", "repeat"], sort=False)[["tokens", "seconds"]].sum()
         per["tok_s"] = per["tokens"] / per["seconds"]
