@@ -186,15 +186,17 @@ def max_draft_tokens(num_steps: int, topk: int) -> int:
     return topk * num_steps + 1
 
 
-def tree_shape_problem(num_steps: int, topk: int, num_draft_tokens: int) -> str | None:
+def tree_shape_problem(num_steps: int, topk: int, num_draft_tokens: int,
+                       n_name: str = "") -> str | None:
     """The tree-shape rule an (S, K, N) breaks, in words (``None`` when it breaks none): a
     chain (topk=1) verifies exactly S+1 nodes; a tree at most :func:`max_draft_tokens`.
-    SpecConfig and the policies' candidate shapes both check it."""
+    SpecConfig and the policies' candidate shapes both check it; ``n_name`` names N in the
+    budget message when the caller's field does not."""
     s, k, n = num_steps, topk, num_draft_tokens
     if k == 1 and n != s + 1:
         return f"topk=1 (chain) forces num_draft_tokens = num_steps + 1 = {s + 1}, got {n}"
     if n > max_draft_tokens(s, k):
-        return f"num_draft_tokens {n} > topk·num_steps+1 = {max_draft_tokens(s, k)}"
+        return f"{n_name}{n} > topk·num_steps+1 = {max_draft_tokens(s, k)}"
     return None
 
 

@@ -127,7 +127,7 @@ def check_shape(shape: Sequence[int], where: str) -> Shape:
     if s < 1 or k < 1 or n < 2:
         raise ConfigError(f"{where}: need num_steps >= 1, topk >= 1, num_draft_tokens >= 2, "
                           f"got {shape!r}")
-    problem = tree_shape_problem(s, k, n)
+    problem = tree_shape_problem(s, k, n, n_name="num_draft_tokens ")
     if problem:
         raise ConfigError(f"{where}: {problem}")
     return (s, k, n)
