@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -180,6 +181,7 @@ class Request:
     generator: torch.Generator | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None  # finish_reason "stop": the stop token id or string
+    stop_scan: Any = None  # engine.stops.ScanState: where the output's text-stop scan stands
     error: str | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     emitted_from_draft: list[bool] = field(default_factory=list)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.core import RequestOutput
-from workbench.engine.output import hold_back_stops
 from workbench.engine.prompts import Prompt, prompt_batch
+from workbench.engine.stops import hold_back, text_stops
 from workbench.errors import RequestError
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def stream(engine: Engine, prompt: Prompt, sampling: SamplingParams | None,
             if engine.tokenizer is not None:
                 full = engine.text_of(req)
                 if not req.finished:  # a partial stop string may still complete
-                    full = hold_back_stops(full, req.sampling.stop)
+                    full = hold_back(full, text_stops(req.sampling))
                 if not full.endswith("\ufffd") and len(full) > len(text):
                     yield full[len(text):]
                     text = full

@@ -24,11 +24,12 @@ from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
 from workbench.engine import driver, policy_init
 from workbench.engine.kv_cache import KVPool
-from workbench.engine.output import OutputProcessor, hold_back_stops
+from workbench.engine.output import OutputProcessor
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
 from workbench.engine.runner import ModelRunner
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.stats import EngineStats
+from workbench.engine.stops import hold_back_stops
 from workbench.engine.worker import EagleWorker
 from workbench.errors import ConfigError, EngineInitError, RequestError
 from workbench.models.config import ModelConfig

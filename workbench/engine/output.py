@@ -17,6 +17,7 @@ import torch
 from workbench import faults
 from workbench.core import Request, RequestOutput, StepOutput, TopLogprobs
 from workbench.engine.scheduler import Scheduler
+from workbench.engine.stops import ScanState, advance, text_stops
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 
@@ -27,6 +28,7 @@ class Cut(NamedTuple):
     keep: int  # tokens appended
     reason: str | None  # "stop" / "length" (the request finishes), or None
     matched: int | str | None  # the stop id or string that matched ("stop")
+    scan: ScanState | None = None  # the text scan after the tokens it fed (None: no text stops)
 
 
 class OutputProcessor:
@@ -49,22 +51,36 @@ class OutputProcessor:
 
     def cut(self, r: Request, new: list[int]) -> Cut:
         """How many of ``new`` :meth:`append_tokens` keeps (it stops after a stop id / EOS, a
-        completed stop string, max_new_tokens or the context length, checked after each
-        token), why it stops and the matched stop; ``r`` is not changed."""
+        completed text stop, max_new_tokens or the context length, checked after each
+        token), why it stops and the matched stop; ``r`` is not changed. Text stops are
+        scanned incrementally (:mod:`workbench.engine.stops`): only each token's new text."""
         sp = r.sampling
         stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
-        check_text = bool(sp.stop) and self.tokenizer is not None
+        tstops = text_stops(sp) if self.tokenizer is not None else ()
         room = self.room(r)
+        base = len(r.prompt_ids)
+        n_out = len(r.tokens) - base
+
+        def ids(a: int, b: int) -> list[int]:  # output ids [a, b) of the output + ``new``
+            if a >= n_out:
+                return new[a - n_out : b - n_out]
+            return r.tokens[base + a : base + min(b, n_out)] + new[: max(0, b - n_out)]
+
+        scan: ScanState | None = None
+        if tstops:
+            scan = r.stop_scan if r.stop_scan is not None else ScanState.start(tstops)
+            while scan.n < n_out:  # tokens appended without a scan (none in the engine)
+                scan, _ = advance(self.tokenizer, tstops, scan, ids)
         for j, tok in enumerate(new, 1):
             if tok in stops:
-                return Cut(j, "stop", tok)
-            if check_text:
-                hit = self._stop_string(r, new[:j])
+                return Cut(j, "stop", tok, scan)
+            if scan is not None:
+                scan, hit = advance(self.tokenizer, tstops, scan, ids)
                 if hit is not None:
-                    return Cut(j, "stop", hit)
+                    return Cut(j, "stop", hit.stop, scan)
             if j >= room:  # max_new_tokens or the context length reached
-                return Cut(j, "length", None)
-        return Cut(len(new), None, None)
+                return Cut(j, "length", None, scan)
+        return Cut(len(new), None, None, scan)
 
     def append_tokens(self, r: Request, new: list[int], from_draft: list[bool],
                       outputs: dict[int, StepOutput], cut: Cut | None = None) -> int:
@@ -74,8 +90,10 @@ class OutputProcessor:
         now = time.perf_counter()
         if r.metrics.first_token is None:
             r.metrics.first_token = now
-        n, reason, matched = cut if cut is not None else self.cut(r, new)
+        n, reason, matched, scan = cut if cut is not None else self.cut(r, new)
         kept = new[:n]
+        if scan is not None:
+            r.stop_scan = scan
         r.tokens.extend(kept)
         if reason == "stop":
             r.matched_stop = matched
@@ -88,21 +106,6 @@ class OutputProcessor:
             self.finish(r, reason)
         outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
         return n
-
-    def _stop_string(self, r: Request, pending: list[int]) -> str | None:
-        """The stop string the newest token (the last of output + ``pending``) completes, if
-        any. A new match ends in the newest token's text, so decoding a tail of the output
-        suffices: a string of L characters spans at most 4L tokens (a byte-level token carries
-        at least one UTF-8 byte), plus a margin so the tail's first token (whose decoding may
-        differ, e.g. a leading space) is not part of it."""
-        stops = r.sampling.stop
-        window = 4 * max(len(s) for s in stops) + 8
-        out = r.output_ids[-window:] + pending
-        tail = self.tokenizer.decode(out[-window:])
-        for s in stops:
-            if s in tail:
-                return s
-        return None
 
     def bad_logits(self, r: Request, logits: torch.Tensor,
                    outputs: dict[int, StepOutput]) -> bool:
@@ -206,19 +209,6 @@ class OutputProcessor:
             if pos != -1:
                 text = text[:pos]
         return text
-
-
-def hold_back_stops(text: str, stops: tuple[str, ...]) -> str:
-    """``text`` without its longest suffix that begins one of ``stops``: what a stream may show
-    before the request finishes (the rest may turn out to be a stop string, trimmed at the
-    end)."""
-    cut = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), cut, -1):
-            if text.endswith(s[:k]):
-                cut = k
-                break
-    return text[: len(text) - cut] if cut else text
 
 
 def top_logprobs(lp: torch.Tensor, k: int) -> list[TopLogprobs]:

@@ -42,7 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 from workbench.config import SamplingParams
 from workbench.core import LogprobParams, RequestOutput
-from workbench.engine.engine import hold_back_stops
+from workbench.engine.stops import hold_back, text_stops
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -310,7 +310,7 @@ class EngineLoop:
             elif t.stream and o.new_token_ids:
                 out = self.engine.output(o.rid)
                 # a partial stop string may still complete: not shown until it cannot
-                text = hold_back_stops(out.text, t.sampling.stop)
+                text = hold_back(out.text, text_stops(t.sampling))
                 t.sink.put(Chunk(out.token_ids, text, self._num_draft_tokens(), False,
                                  output=out))
         if self._live and not self.engine.has_unfinished():
