@@ -35,6 +35,7 @@ CHECKED = (
     "engine/runner.py",
     "engine/worker.py",
     "engine/output.py",
+    "engine/stops.py",
     "engine/stats.py",
     "engine/prompts.py",
     "engine/driver.py",
