@@ -283,12 +283,27 @@ def test_speedup_bars() -> None:
     assert_dressed(fig)
     t = by_name(fig)
     assert list(t["speedup"].y) == [1.0, 1.3, 0.8] and list(t["τ"].y) == [1.0, 2.5, 3.0]
-    assert list(t["speedup"].text) == ["1.00×", "1.30×", "0.80×"]
+    assert list(t["speedup"].text) == ["1×", "1.30×", "0.80×"]
     # τ in its own panel: the 1.0× line (a shape on the speedup axis) cannot read as a τ
     assert t["τ"].xaxis == "x2" and t["τ"].yaxis == "y2"
     assert [(sh.yref, sh.y0) for sh in fig.layout.shapes] == [("y", 1.0)]
     assert not fig.layout.showlegend  # colours are explained by the panel titles
-    assert list(t["speedup"].marker.color) == [F.PLAIN, F.ACCEPTED, "#d62728"]
+    # no intervals: a point estimate alone colours no side
+    assert list(t["speedup"].marker.color) == [F.PLAIN, F.NEUTRAL, F.NEUTRAL]
+
+
+def test_speedup_bars_colour_from_the_interval_and_flags_on_the_figure() -> None:
+    summary = pd.DataFrame({
+        "arm": ["baseline", "win", "straddles", "loses"], "speedup": [1.0, 1.3, 1.66, 0.8],
+        "speedup_lo": [1.0, 1.1, 0.75, 0.7], "speedup_hi": [1.0, 1.5, 3.65, 0.9],
+        "n": [4, 4, 4, 4], "tau": [1.0, 2.5, 3.0, 2.0],
+        "flags": ["", "", "loaded", "speedup_above_tau"]})
+    t = by_name(F.speedup_bars(summary))
+    # 1.66× [0.75–3.65] straddles 1×: neutral, though its point is the highest
+    assert list(t["speedup"].marker.color) == [F.PLAIN, F.FASTER, F.NEUTRAL, F.SLOWER]
+    texts = list(t["speedup"].text)
+    assert "[0.75–3.65]" in texts[2] and "n = 4" in texts[2]
+    assert "⚠ loaded" in texts[2] and "⚠ speedup_above_tau" in texts[3] and "⚠" not in texts[1]
 
 
 def test_shape_speedups() -> None:
@@ -343,9 +358,10 @@ def test_concurrency_curves_accepts_bench_columns() -> None:
     assert list(t["eagle3"].y) == pytest.approx(list(df[df.arm == "eagle3"].tok_s))
     assert list(t["eagle3 ITL"].y) == [8.0] * 5 and list(t["eagle3 TTFT"].y) == [21.0] * 5
     assert fig.layout.xaxis.type == "log"
-    c = F.crossovers(df)["eagle3"]
-    assert [s.x0 for s in fig.layout.shapes] == [pytest.approx(c)]
-    assert any("crossover" in a.text for a in fig.layout.annotations)
+    assert F.crossovers(df)["eagle3"] == pytest.approx(5.7295, abs=1e-3)  # the point estimate
+    # …but without intervals the figure draws no crossover, and says why
+    assert not fig.layout.shapes
+    assert any("crossover not resolved" in a.text for a in fig.layout.annotations)
     secs = F.concurrency_curves(concurrency_table(seconds=True))
     assert list(by_name(secs)["eagle3 ITL"].y) == pytest.approx([8.0] * 5)
     with pytest.raises(ValueError, match="tok_s"):
@@ -456,7 +472,7 @@ def test_latency_cdf_and_percentiles() -> None:
     fig = F.latency_cdf(samples, "itl_ms")
     assert_dressed(fig)
     lines = [t for t in fig.data if t.mode == "lines"]
-    assert [t.name.split(":")[0] for t in lines] == ["eagle3", "baseline"]
+    assert [t.name.split(" (")[0] for t in lines] == ["eagle3", "baseline"]
     assert list(lines[1].y)[-1] == 1.0 and fig.layout.xaxis.type == "log"
     assert "p99 99.0" in lines[1].name
 
@@ -486,3 +502,81 @@ def test_phase_breakdown_means(traced: tuple[RecordingTracer, list]) -> None:
     spec = timing[timing["mode"] == "spec"]
     idx = [y.split(" (")[0] for y in t["draft"].y].index("spec")
     assert t["draft"].x[idx] == pytest.approx(spec["draft_ms"].mean())
+
+
+def test_log_ticks_read_as_real_values() -> None:
+    vals, text = F.log_ticks(1.3, 420)
+    assert vals == [2, 5, 10, 20, 50, 100, 200]
+    assert text == ["2", "5", "10", "20", "50", "100", "200"]
+    assert vals == sorted(vals)  # never "2, 5, 100, 2, 5"
+    assert F.log_ticks(0.4, 3000)[1] == ["0.5", "1", "2", "5", "10", "20", "50", "100", "200",
+                                         "500", "1k", "2k"]
+    assert len(F.log_ticks(3.1, 3.4)[0]) >= 2  # a narrow range still gets two ticks
+
+
+def test_concurrency_curves_latency_axes_ticked_with_values() -> None:
+    fig = F.concurrency_curves(concurrency_table())
+    for ax in (fig.layout.yaxis2, fig.layout.yaxis3):
+        assert ax.type == "log" and list(ax.tickvals) == sorted(ax.tickvals)
+        assert all(float(v) / 10 ** math.floor(math.log10(v)) in (1, 2, 5) for v in ax.tickvals)
+
+
+def test_crossover_drawn_only_where_the_intervals_resolve_it() -> None:
+    df = concurrency_table()
+    ratio = pd.DataFrame({"arm": ["eagle3"] * 3, "concurrency": [1, 4, 16],
+                          "ratio": [1.5, 1.0, 0.6], "ratio_lo": [1.2, 0.5, 0.5],
+                          "ratio_hi": [1.8, 1.6, 0.7]})
+    fig = F.concurrency_curves(df, ratio=ratio)
+    (label,) = [a.text for a in fig.layout.annotations if "eagle3" in a.text]
+    assert "between c=1 and 16" in label
+    assert [s.type for s in fig.layout.shapes] == ["rect"]  # a band, not a point
+    # the intervals span 0 to 373,817 tok/s: no crossover is claimed
+    wide = ratio.assign(ratio_lo=0.01, ratio_hi=100.0)
+    fig = F.concurrency_curves(df, ratio=wide)
+    (label,) = [a.text for a in fig.layout.annotations if "eagle3" in a.text]
+    assert "not resolved at this noise" in label and not fig.layout.shapes
+    # no intervals at all: no line either
+    assert not F.concurrency_curves(df).layout.shapes
+    assert F.resolved_crossovers(df) == {"eagle3": None}
+
+
+def test_latency_cdf_shows_n_and_no_p99_from_few_samples() -> None:
+    samples = pd.DataFrame({"arm": ["baseline"] * 8 + ["eagle3"] * 150,
+                            "itl_ms": list(range(1, 9)) + [x / 3 for x in range(1, 151)]})
+    fig = F.latency_cdf(samples, "itl_ms")
+    lines = {t.name.split(" (")[0]: t for t in fig.data if t.mode == "lines"}
+    assert "(n = 8)" in lines["baseline"].name and "p99 n/a (< 100)" in lines["baseline"].name
+    assert "(n = 150)" in lines["eagle3"].name and "p99 49.5 ms" in lines["eagle3"].name
+    marks = {t.legendgroup: t for t in fig.data if t.mode == "markers"}
+    assert len(marks["baseline"].x) == 1 and len(marks["eagle3"].x) == 2  # no p99 marker
+    assert list(fig.layout.xaxis.ticktext)[:3] == ["0.5", "1", "2"]
+
+
+def test_speedup_vs_batch_markers_neutral_when_straddling() -> None:
+    df = pd.DataFrame({"arm": ["eagle3"] * 3, "concurrency": [1, 2, 4],
+                       "vs_baseline": [1.5, 1.1, 0.6], "vs_baseline_lo": [1.4, 0.9, 0.5],
+                       "vs_baseline_hi": [1.6, 1.2, 0.7], "n": [3, 3, 3],
+                       "flags": ["", "loaded", ""]})
+    (tr,) = F.speedup_vs_batch(df).data
+    assert list(tr.marker.color) == [F.FASTER, F.NEUTRAL, F.SLOWER]
+    assert list(tr.text) == ["n=3", "n=3 ⚠ loaded", "n=3"]
+
+
+def test_warm_vs_cold_flags_negative_switch_costs() -> None:
+    df = pd.DataFrame({"concurrency": [1, 4], "warm_switch_extra_ms": [0.1, -900.0],
+                       "cold_switch_extra_ms": [1.0, 2.0], "warm_plain_ms": [3.0, 4.0],
+                       "cold_plain_ms": [2.0, 3.0]})
+    fig = F.warm_vs_cold(df)
+    warm = next(t for t in fig.data if t.name == "warm draft" and t.meta == "switch")
+    assert "⚠" in warm.text[1] and "⚠" not in warm.text[0]
+    assert "below 0 ms" in fig.layout.title.text
+
+
+def test_speedup_heatmap_neutral_where_the_interval_straddles() -> None:
+    df = pd.DataFrame({"topk": [1, 2], "num_draft_tokens": [4, 4], "speedup": [1.4, 1.2],
+                       "lo": [1.1, 0.8], "hi": [1.7, 1.6]})
+    fig = F.speedup_heatmap(df, x="topk", y="num_draft_tokens", value="speedup", lo="lo",
+                            hi="hi")
+    (h,) = fig.data
+    assert h.z[0][0] == pytest.approx(math.log2(1.4)) and h.z[0][1] == 0.0
+    assert "[0.80–1.60]" in h.text[0][1] and "not resolved" in fig.layout.title.text

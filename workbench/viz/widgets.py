@@ -229,9 +229,10 @@ class Explorer:
         if self.rid is None:
             return
         tree = self.tree_frame()
-        last = next((r for r in reversed(self.reports) if r.verify_step is not None), None)
+        last = next((r.verify_step for r in reversed(self.reports)
+                     if r.verify_step is not None), None)
         if last is not None and not tree.empty:
-            self._show(figures.draft_tree(tree, last.verify_step, self.rid,
+            self._show(figures.draft_tree(tree, last, self.rid,
                                           self.engine.tokenizer))
         else:
             self._show(None, "plain decoding: no draft tree this step")

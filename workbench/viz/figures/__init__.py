@@ -31,6 +31,7 @@ function                      input
 **concurrency**               arms under load
 ``concurrency_curves``        concurrency sweep table (see :data:`CONCURRENCY_COLUMNS`)
 ``crossovers``                the same table → concurrency where an arm falls below baseline
+``resolved_crossovers``       …only where the intervals resolve it: (c_above, c_below) or None
 ``speedup_vs_batch``          per (arm, concurrency) speedup with ``_lo``/``_hi`` intervals
 ``latency_cdf``               latency samples (ms): empirical CDF per arm, p50/p99
 **text**                      generated text
@@ -40,7 +41,11 @@ function                      input
 
 :mod:`~workbench.viz.figures.style` holds what they share: size defaults, one colour per
 meaning (``ACCEPTED``, ``TARGET``, ...), one look per arm (``arm_style``), axis titles
-(``label``) and the sanity-flag mark. Tests read the figures' data (``fig.data``,
+(``label``) and the sanity-flag mark, and the interval rules every figure follows:
+``interval_color`` (green/red only when the whole interval is on one side of 1×, else
+``NEUTRAL``), ``log_ticks``/``tick_log_axis`` (log axes ticked 1, 2, 5, 10, 20 …) and
+``percentile_text`` (n beside every percentile; no p99 from fewer than ``MIN_P99_SAMPLES``).
+Tests read the figures' data (``fig.data``,
 ``fig.layout``), not pixels.
 """
 
@@ -59,6 +64,7 @@ from workbench.viz.figures.concurrency import (
     concurrency_curves,
     crossovers,
     latency_cdf,
+    resolved_crossovers,
     speedup_vs_batch,
 )
 from workbench.viz.figures.speedup import shape_speedups, speedup_bars, speedup_heatmap
@@ -66,20 +72,28 @@ from workbench.viz.figures.style import (
     ACCEPTED,
     ARM_COLORS,
     ARM_STYLE,
+    FASTER,
     FLAG_MARK,
     FONT,
     HEIGHT,
     LABELS,
+    MIN_P99_SAMPLES,
+    NEUTRAL,
     PHASE_COLORS,
     PLAIN,
     REJECTED,
     ROOT,
     SHORT,
+    SLOWER,
     SPEC,
     TARGET,
     WIDTH,
     arm_style,
+    interval_color,
     label,
+    log_ticks,
+    percentile_text,
+    tick_log_axis,
 )
 from workbench.viz.figures.text import colored_html, colored_text
 from workbench.viz.figures.timing import (
@@ -98,8 +112,10 @@ from workbench.viz.figures.trees import (
 )
 
 __all__ = [
-    "ACCEPTED", "ARM_COLORS", "ARM_STYLE", "CONCURRENCY_COLUMNS", "FLAG_MARK", "FONT", "HEIGHT",
-    "LABELS", "PHASE_COLORS", "PLAIN", "REJECTED", "ROOT", "SHORT", "SPEC", "TARGET", "WIDTH",
+    "ACCEPTED", "ARM_COLORS", "ARM_STYLE", "CONCURRENCY_COLUMNS", "FASTER", "FLAG_MARK", "FONT",
+    "HEIGHT", "LABELS", "MIN_P99_SAMPLES", "NEUTRAL", "PHASE_COLORS", "PLAIN", "REJECTED", "ROOT",
+    "SHORT", "SLOWER", "SPEC", "TARGET", "WIDTH", "interval_color", "log_ticks",
+    "percentile_text", "resolved_crossovers", "tick_log_axis",
     "accept_rate_by_position", "acceptance_by_depth", "acceptance_vs_confidence",
     "accepted_path", "alpha_by_position", "arm_style", "colored_html", "colored_text",
     "concurrency_curves", "crossovers", "draft_tree", "init_stages", "label", "latency_cdf",

@@ -4,6 +4,7 @@ ends and starts with."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -85,3 +86,74 @@ def arm_style(arm: str, i: int = 0) -> dict[str, Any]:
 def arm_order(arms: list[str], baseline: str) -> list[str]:
     """Draw order: the baseline last, so no other arm hides it."""
     return [a for a in arms if a != baseline] + ([baseline] if baseline in arms else [])
+
+
+# ---- figures bound by their intervals ------------------------------------------------------
+FASTER = "#2ca02c"  # the whole interval above 1×
+SLOWER = "#d62728"  # the whole interval below 1×
+NEUTRAL = "#c7c7c7"  # the interval straddles 1× (or there is none): no colour claims a side
+MIN_P99_SAMPLES = 100  # a p99 from fewer samples is its maximum, not a tail estimate
+
+
+def interval_color(lo: float | None, hi: float | None, ref: float = 1.0) -> str:
+    """:data:`FASTER` / :data:`SLOWER` only when the interval [lo, hi] lies wholly on one side
+    of ``ref``; :data:`NEUTRAL` when it straddles it or is missing (a point estimate alone
+    never colours a side)."""
+    from workbench.viz.prose import ABOVE, BELOW, verdict
+
+    v = verdict(lo, hi, ref)
+    return FASTER if v == ABOVE else SLOWER if v == BELOW else NEUTRAL
+
+
+def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick values 1, 2, 5 × 10^k covering [lo, hi] (both > 0) and their labels ("0.5",
+    "1", "2", "5", "10", "20", "50", "100", "200", "1k" …): a log axis reads as real values,
+    in order, never "2, 5, 100, 2, 5"."""
+    if not (lo > 0 and hi > 0):
+        raise ValueError(f"log_ticks: bounds must be > 0, got {lo}, {hi}")
+    lo, hi = min(lo, hi), max(lo, hi)
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    vals = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in (1, 2, 5)]
+    inside = [v for v in vals if lo / 1.0001 <= v <= hi * 1.0001]
+    if len(inside) < 2:  # a narrow range: the neighbours on each side
+        below = [v for v in vals if v < lo][-1:]
+        above = [v for v in vals if v > hi][:1]
+        inside = below + inside + above
+    return inside, [_tick_text(v) for v in inside]
+
+
+def _tick_text(v: float) -> str:
+    if v >= 1e6:
+        return f"{v / 1e6:g}M"
+    if v >= 1e3:
+        return f"{v / 1e3:g}k"
+    return f"{v:g}"
+
+
+def tick_log_axis(fig: go.Figure, values: Sequence[float], axis: str = "y",
+                  **where: Any) -> None:
+    """Make an axis log-scaled with :func:`log_ticks` over the positive ``values`` it shows
+    (``where``: ``row``/``col`` of a subplot)."""
+    vals = [float(v) for v in values if v is not None and v == v and float(v) > 0]
+    if not vals:
+        return
+    tv, tt = log_ticks(min(vals), max(vals))
+    upd = fig.update_yaxes if axis == "y" else fig.update_xaxes
+    upd(type="log", tickvals=tv, ticktext=tt, **where)
+
+
+def percentile_text(samples: Sequence[float], q: float) -> tuple[float | None, str]:
+    """(value, label) of the ``q``-th percentile with its n: ``p50 3.1 ms (n = 40)``. A p99
+    (q ≥ 99) from fewer than :data:`MIN_P99_SAMPLES` samples is not estimated: (None,
+    ``p99 n/a (n = 8 < 100)``)."""
+    import numpy as np
+
+    xs = [float(s) for s in samples if s == s]
+    n = len(xs)
+    name = f"p{q:g}"
+    if n == 0:
+        return None, f"{name} n/a (n = 0)"
+    if q >= 99 and n < MIN_P99_SAMPLES:
+        return None, f"{name} n/a (n = {n} < {MIN_P99_SAMPLES})"
+    v = float(np.percentile(xs, q))
+    return v, f"{name} {v:.1f} ms (n = {n})"

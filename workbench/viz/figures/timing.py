@@ -11,6 +11,7 @@ from plotly.subplots import make_subplots
 from workbench.trace.frame import TIMING_PHASES
 from workbench.viz.figures.style import (
     ACCEPTED,
+    FLAG_MARK,
     HEIGHT,
     PHASE_COLORS,
     PLAIN,
@@ -145,6 +146,9 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
     Left: extra ms of a speculative step right after an off step (cold pays the draft
     catch-up there). Right: ms of a plain step (warm pays a draft extend on every one).
     Traces ``warm draft`` / ``cold draft`` in each panel (``meta`` = ``switch`` / ``plain``).
+    Every bar is labelled with its value; a switch cost below zero (a step after a switch
+    cannot be cheaper than one without: the difference is noise) carries ⚠ on the figure and
+    the title counts them. ``n`` columns (``<state>_switches``), when present, are shown.
     """
     require(switch_df, ("concurrency", "warm_switch_extra_ms", "cold_switch_extra_ms",
                         "warm_plain_ms", "cold_plain_ms"), "warm_vs_cold")
@@ -152,14 +156,29 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
                         subplot_titles=("extra ms when speculation switches on",
                                         "ms of a plain step"))
     xs = [str(c) for c in switch_df["concurrency"]]
+    negative = 0
     for col, what in ((1, "switch"), (2, "plain")):
         for state, color in (("warm", "#ff7f0e"), ("cold", "#1f77b4")):
             key = f"{state}_switch_extra_ms" if what == "switch" else f"{state}_plain_ms"
-            fig.add_trace(go.Bar(x=xs, y=switch_df[key], name=f"{state} draft",
+            vals = switch_df[key].astype(float).tolist()
+            ns = switch_df[f"{state}_switches"].tolist() if what == "switch" and \
+                f"{state}_switches" in switch_df else [None] * len(vals)
+            text = [f"{v:.1f}" + (f" (n={k})" if k is not None else "") +
+                    (f" {FLAG_MARK} < 0: noise" if what == "switch" and v < 0 else "")
+                    for v, k in zip(vals, ns, strict=True)]
+            negative += sum(1 for v in vals if what == "switch" and v < 0)
+            fig.add_trace(go.Bar(x=xs, y=vals, name=f"{state} draft", text=text,
+                                 textposition="outside", cliponaxis=False,
                                  marker_color=color, legendgroup=state, meta=what,
+                                 marker_line=dict(color=["#8a4b00" if what == "switch" and v < 0
+                                                         else "rgba(0,0,0,0)" for v in vals],
+                                                  width=2),
                                  showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(title="concurrent requests", type="category")
     fig.update_yaxes(title="ms", row=1, col=1)
     fig.update_yaxes(title="ms", rangemode="tozero", row=1, col=2)
-    return dress(fig, "Warm vs cold draft: pay on every plain step, or once per switch",
-                 width, height, barmode="group")
+    title = "Warm vs cold draft: pay on every plain step, or once per switch"
+    if negative:
+        title += (f"<br><sup>{FLAG_MARK} {negative} switch cost(s) below 0 ms: noise larger "
+                  "than the cost, not a saving</sup>")
+    return dress(fig, title, width, height + (30 if negative else 0), barmode="group")
