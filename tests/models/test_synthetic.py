@@ -63,3 +63,7 @@ def test_run_shapes_rows(tmp_path: Path, micro_target: Path) -> None:
     assert row["verify_ratio"] == pytest.approx(row["verify_ms"] / row["plain_ms"])
     assert row["bound"] == pytest.approx(row["tau"] / row["verify_ratio"])
     assert df.attrs["config"]["simulated"] is True
+    # one run: the interval comes from the two prompts' paired ratios; step samples kept
+    assert (df["speedup_lo"] <= df["speedup"]).all() and (df["speedup"] <= df["speedup_hi"]).all()
+    assert set(df.attrs["steps"]) == {"trained micro", "micro"}
+    assert len(df.attrs["steps"]["micro"]["plain_ms"]) > 1

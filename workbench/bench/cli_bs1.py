@@ -96,7 +96,13 @@ def bench_peers(ns: argparse.Namespace) -> int:
 
 def bench_shapes(ns: argparse.Namespace) -> int:
     from workbench.bench.sanity import LoadSampler, mark, sanity_flags
-    from workbench.bench.shapes import SHAPES, check_tau, run_shapes, save_shapes
+    from workbench.bench.shapes import (
+        SHAPES,
+        check_tau,
+        run_shapes,
+        save_shapes,
+        trained_vs_random,
+    )
 
     tau = float(ns.tau)
     spec = args.spec(ns)
@@ -110,7 +116,8 @@ def bench_shapes(ns: argparse.Namespace) -> int:
         df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=args.max_new(ns),
                         tokenizer_from=ns.model, pairs=pairs, repeats=args.repeats(ns),
                         engine_config=args.engine_config(ns))
-    flags = sanity_flags(df, load=load.as_dict())
+    # a trained and a random pair of one shape that disagree beyond noise: flagged
+    flags = sanity_flags(df, load=load.as_dict()) + trained_vs_random(df, df.attrs["steps"])
     df = mark(df, flags)
     show(f"speedup vs target shape at a simulated accept length (random weights; "
          f"{df.attrs['config']['spec']}, bs=1 greedy)",

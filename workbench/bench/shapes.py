@@ -11,7 +11,14 @@ fine: only the time is read.
 Per shape: baseline and simulated-τ tok/s (arms interleaved per prompt, untraced), their ratio,
 and from a traced pass over two prompts the median plain step, speculative step, its draft and
 verify phases, ``verify_ratio`` = verify / plain step, and ``bound`` = τ / verify_ratio (the
-speedup if drafting, accepting and committing were free).
+speedup if drafting, accepting and committing were free). ``speedup_lo/hi`` is the 95 %
+interval (over repeats, or over the prompts' paired ratios in a single run); the step samples
+behind the medians travel in ``df.attrs["steps"]`` (saved in the JSON).
+
+A trained pair and a random pair of the same shape should cost the same: that is what lets
+random pairs stand in for real ones. :func:`trained_vs_random` flags (``trained_vs_random``)
+a pair whose speedup intervals do not overlap, or whose plain step costs differ beyond their
+interval by more than :data:`STEP_TOLERANCE`; ``bench shapes`` adds those flags to the run's.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from workbench.bench.machine import machine_info
+from workbench.bench.sanity import Flag
 from workbench.bench.spec import run_spec_bench
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
@@ -66,12 +74,14 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
         (label, None, tuple(p)) for label, p in (pairs or {}).items()]
     todo += [(label, shape, None) for label, shape in shapes.items()]
     rows = []
+    steps: dict[str, dict[str, list[float]]] = {}
     for label, shape, pair in tqdm(todo, desc="bench shapes", unit="shape"):
         if pair is None:
             assert shape is not None
             pair = random_pair(Path(work) / _slug(shape), shape, tokenizer_from=tokenizer_from)
         with wb.Engine.from_pretrained(pair[0], draft=pair[1], config=engine_config) as engine:
-            res = run_spec_bench(engine, list(prompts), arms={"baseline": None, name: sim},
+            res = run_spec_bench(engine, list(prompts),  # type: ignore[arg-type]  # ids too
+                                 arms={"baseline": None, name: sim},
                                  max_new_tokens=max_new_tokens, progress=False,
                                  repeats=repeats)
             # step phases from a separate traced pass (tracing costs time of its own)
@@ -82,6 +92,7 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
                     engine.generate([p], sp, spec=sim)
             timing = tr.frame("timing")
             mc = engine.model_config
+            assert mc is not None  # a loaded checkpoint always has one
         s = res.summary.set_index("arm")
         plain = timing[timing["mode"] == "plain"]
         specs = timing[timing["mode"] == "spec"]
@@ -89,6 +100,12 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
         verify_ms = float(specs["verify_ms"].median())
         tau_seen = float(s.loc[name, "tau"])
         ci = {k: float(s.loc[name, k]) for k in ("speedup_lo", "speedup_hi") if k in s}
+        if not ci:  # one run: the interval over the prompts' paired ratios
+            ci = _prompt_ci(res.per_prompt, name)
+        steps[label] = {"plain_ms": plain["total_ms"].astype(float).tolist(),
+                        "spec_ms": specs["total_ms"].astype(float).tolist(),
+                        "draft_ms": specs["draft_ms"].astype(float).tolist(),
+                        "verify_ms": specs["verify_ms"].astype(float).tolist()}
         rows.append({
             "shape": label, "random": shape is not None, "layers": mc.num_hidden_layers,
             "hidden": mc.hidden_size, "params_m": _params(mc) / 1e6, "tau": tau_seen,
@@ -101,10 +118,65 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
             **ci,
         })
     df = pd.DataFrame(rows)
+    df.attrs["steps"] = steps
     df.attrs["machine"] = machine_info()
     df.attrs["config"] = {"tau": tau, "spec": name, "max_new_tokens": max_new_tokens,
                           "prompts": len(prompts), "simulated": True}
     return df
+
+
+TRAINED_VS_RANDOM = "trained_vs_random"
+STEP_TOLERANCE = 0.10  # plain-step cost of a trained vs a random pair of one shape
+
+
+def _prompt_ci(per_prompt: pd.DataFrame, arm: str) -> dict[str, float]:
+    """speedup_lo/hi over the prompts' paired ratios (geometric, t on the log); {} for one."""
+    from workbench.viz.prose import ratio_of
+
+    base = per_prompt[per_prompt["arm"] == "baseline"].set_index("prompt")["tok_s"]
+    mine = per_prompt[per_prompt["arm"] == arm].set_index("prompt")["tok_s"]
+    ratios = (mine / base.reindex(mine.index)).dropna().tolist()
+    if len(ratios) < 2:
+        return {}
+    _, lo, hi, _ = ratio_of(ratios)
+    return {"speedup_lo": lo, "speedup_hi": hi}
+
+
+def trained_vs_random(df: pd.DataFrame, steps: Mapping[str, Mapping[str, Sequence[float]]]
+                      | None = None) -> list[Flag]:
+    """Flags for each trained row (``random`` False) whose random row of the same
+    (layers, hidden) disagrees beyond noise: speedup intervals that do not overlap, or plain
+    step costs (``steps``: label → {"plain_ms": samples}) whose ratio's interval lies wholly
+    outside 1 ± :data:`STEP_TOLERANCE`. One flag on each of the two rows (matched by shape)."""
+    from workbench.viz.prose import mean_ratio
+
+    flags: list[Flag] = []
+    if "random" not in df.columns:
+        return flags
+    for t in df[~df["random"].astype(bool)].to_dict(orient="records"):
+        twins = df[df["random"].astype(bool) & (df["layers"] == t["layers"]) &
+                   (df["hidden"] == t["hidden"])]
+        for r in twins.to_dict(orient="records"):
+            why = []
+            if all(k in t and k in r and t[k] == t[k] and r[k] == r[k]
+                   for k in ("speedup_lo", "speedup_hi")):
+                if t["speedup_lo"] > r["speedup_hi"] or r["speedup_lo"] > t["speedup_hi"]:
+                    why.append(f"speedup {t['speedup']:.2f}× [{t['speedup_lo']:.2f}–"
+                               f"{t['speedup_hi']:.2f}] vs {r['speedup']:.2f}× "
+                               f"[{r['speedup_lo']:.2f}–{r['speedup_hi']:.2f}]")
+            a = (steps or {}).get(t["shape"], {}).get("plain_ms")
+            b = (steps or {}).get(r["shape"], {}).get("plain_ms")
+            if a and b and len(a) > 1 and len(b) > 1:
+                ratio, lo, hi = mean_ratio(a, b)
+                if lo > 1 + STEP_TOLERANCE or hi < 1 - STEP_TOLERANCE:
+                    why.append(f"plain step {ratio:.2f}× [{lo:.2f}–{hi:.2f}] the random "
+                               f"pair's (beyond ±{STEP_TOLERANCE:.0%})")
+            if why:
+                msg = (f"{t['shape']} vs {r['shape']} (same shape {t['layers']}x{t['hidden']}): "
+                       + "; ".join(why) + " — random pairs do not stand in for this one")
+                flags += [Flag(TRAINED_VS_RANDOM, msg, {"shape": t["shape"]}),
+                          Flag(TRAINED_VS_RANDOM, msg, {"shape": r["shape"]})]
+    return flags
 
 
 def check_tau(tau: float, spec: SpecConfig) -> None:
@@ -126,7 +198,8 @@ def save_shapes(df: pd.DataFrame, folder: str | Path, name: str = "shapes") -> P
     df.to_csv(out / f"{name}.csv", index=False)
     (out / f"{name}.json").write_text(json.dumps(
         {"machine": df.attrs.get("machine", machine_info()), "config": df.attrs.get("config", {}),
-         "rows": json.loads(df.to_json(orient="records"))}, indent=2) + "\n")
+         "rows": json.loads(df.to_json(orient="records")),
+         "steps": df.attrs.get("steps", {})}, indent=2) + "\n")
     return out / f"{name}.json"
 
 

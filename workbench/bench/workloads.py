@@ -20,7 +20,19 @@ ENGLISH = (
     "The quick brown fox",
     "In this tutorial we will learn how to",
     "Speculative decoding is a technique that",
+    # added so that every kind has at least MIN_PER_KIND prompts (appended: the first 67
+    # prompts, which `bench --prompts N` takes in order, are unchanged)
+    "The weather report for tomorrow says that",
+    "Once upon a time, in a small village by the sea,",
+    "The most important lesson I learned at my first job was",
+    "To bake a loaf of bread you will need",
+    "The history of the printing press begins",
+    "Dear customer, thank you for your order. Unfortunately",
+    "Here are three reasons why people enjoy hiking:",
+    "The committee met on Tuesday to discuss",
+    "A good night's sleep matters because",
 )
+MIN_PER_KIND = 12  # prompts per kind: a per-category table cell needs enough of them
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,31 @@ def make_prompts(root: Path, heldout: list[str], per_file: int = 3,
                 out.append(Prompt(f"{rel}:{i}:docstring", "docstring", doc[-max_chars:], rel))
     for k, text in enumerate(ENGLISH):
         out.append(Prompt(f"english:{k}", "english", text, "handwritten"))
-    return out
+    # more docstring prompts (later defs, one file after the other in turn) until there are
+    # MIN_PER_KIND, appended after everything above so the earlier prompts keep their order
+    cands: list[list[Prompt]] = []
+    for rel in sorted(heldout):
+        lines = (root / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+        defs = [i for i, line in enumerate(lines) if def_re.match(line) and i > 5]
+        docs = [(i, _docstring_prompt(lines, i)) for i in defs[1:]]
+        cands.append([Prompt(f"{rel}:{i}:docstring", "docstring", d[-max_chars:], rel)
+                      for i, d in docs if d is not None])
+    need = MIN_PER_KIND - sum(p.kind == "docstring" for p in out)
+    extra = [c[k] for k in range(max(map(len, cands), default=0)) for c in cands if k < len(c)]
+    return out + extra[:max(need, 0)]
+
+
+def _docstring_prompt(lines: list[str], i: int) -> str | None:
+    """The def line at ``i`` and its docstring (None when it has none)."""
+    start = i + 1
+    if start >= len(lines) or '"""' not in lines[start]:
+        return None
+    end = start
+    if lines[start].count('"""') < 2:
+        while end + 1 < len(lines) and '"""' not in lines[end + 1]:
+            end += 1
+        end += 1
+    return "\n".join(lines[i : end + 1]) + "\n"
 
 
 def save_prompts(prompts: list[Prompt], path: Path) -> None:
