@@ -78,6 +78,7 @@ def test_check_claims_catches_a_claim_its_interval_denies() -> None:
 
 
 def test_say_renders_markdown_bits_and_escapes() -> None:
-    html = P.prose_html("**bold** `code` <script>", P.ratio("x", 1.2, 1.1, 1.3))
+    html = P.prose_html("**bold** `code` <script>", P.ratio("x", 1.2, 1.1, 1.3), P.BR)
     assert "<b>bold</b>" in html and "<code>code</code>" in html and "&lt;script&gt;" in html
+    assert html.count("<br>") == 1  # Raw passes through
     assert 'class="wb-prose"' in html and 'class="wb-claim"' in html

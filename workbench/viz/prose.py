@@ -246,9 +246,17 @@ def choose(claim: Claim, above: str, below: str, unresolved: str = NOT_RESOLVED)
     return {ABOVE: above, BELOW: below}.get(claim.verdict, unresolved)
 
 
+class Raw(str):
+    """A string :func:`say` passes through unescaped (trusted markup: ``BR``, a table)."""
+
+
+BR = Raw("<br>")
+
+
 def say(*parts: Any) -> Any:
     """``IPython.display.HTML`` of one paragraph (class ``wb-prose``): strings are escaped
-    (``**bold**`` and ```code``` are kept), claims render as their ``wb-claim`` spans."""
+    (``**bold**`` and ```code``` are kept, :class:`Raw` parts such as ``BR`` pass through),
+    claims render as their ``wb-claim`` spans."""
     from IPython.display import HTML
 
     return HTML(prose_html(*parts))
@@ -259,6 +267,8 @@ def prose_html(*parts: Any) -> str:
     for p in parts:
         if isinstance(p, Claim):
             out.append(p.html())
+        elif isinstance(p, Raw):
+            out.append(str(p))
         else:
             s = html.escape(str(p))
             s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)

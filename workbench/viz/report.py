@@ -10,7 +10,9 @@ block under every table or figure whose numbers were checked.
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -19,6 +21,14 @@ if TYPE_CHECKING:
     from workbench.bench.sanity import Flag
 
 SANITY_CLASS = "wb-sanity"
+RESULTS_ENV = "WORKBENCH_RESULTS"
+
+
+def results_dir() -> Path:
+    """Where a page reads saved results: ``$WORKBENCH_RESULTS`` when set (the prose test runs
+    a page on other result sets this way), else the repository's ``data/results``."""
+    env = os.environ.get(RESULTS_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "results"
 MAX_MESSAGES = 3  # messages shown per flag code
 
 
