@@ -1,4 +1,4 @@
-"""CLI: generate | bench | serve | train-target | train-draft | make-prompts | demo.
+"""CLI: generate | bench | serve | train-target | train-draft | make-prompts | demo | lab.
 
 Options of the training commands are generated from their config dataclasses, so the CLI can
 never drift from the Python API.
@@ -228,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--health-step-timeout", type=float, default=60.0,
                    help="/health turns 503 while an engine step has run longer than this")
     s.set_defaults(fn=cmd_serve)
+
+    from workbench.lab.cli import add_parser as add_lab
+
+    add_lab(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     return p
 
 

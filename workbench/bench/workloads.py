@@ -108,3 +108,28 @@ def load_prompts(name: str = "heldout", kinds: tuple[str, ...] | None = None,
     if kinds:
         items = [p for p in items if p.kind in kinds]
     return items[:limit] if limit else items
+
+
+def read_prompts_file(path: str | Path, flag: str = "--prompts-file") -> list[str]:
+    """``F.jsonl``: one ``{"prompt": "..."}`` per line (other keys are kept out; blank lines
+    skipped). Errors name ``flag``, the file and the line: a missing file, a line that is not a
+    JSON object with a string ``prompt``, a file with no prompts."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{flag}: no file at {p}")
+    out: list[str] = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{flag}: {p}:{i}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) \
+                or not obj["prompt"]:
+            raise ConfigError(f"{flag}: {p}:{i}: expected an object with a non-empty string "
+                              "'prompt'")
+        out.append(obj["prompt"])
+    if not out:
+        raise ConfigError(f"{flag}: {p} holds no prompts (empty prompts file)")
+    return out

@@ -1,0 +1,145 @@
+"""``python -m workbench lab {record,replay}``: record one run, replay any policy on it.
+
+* ``lab record --prompts-file F.jsonl --shape S,K,N --max-new-tokens N --out RUN``: greedy
+  outputs and every draft tree at every output position (:mod:`workbench.lab.record`), plus
+  this machine's cost model (``calibrate`` at the shape, two contexts) and the machine/load;
+* ``lab replay RUN --policy P --levels 1,4,16,64 [--json]``: the closed-loop replay
+  (:mod:`workbench.lab.replay`); ``--json`` prints one JSON object per (policy, level) with
+  at least policy, concurrency, tok_s, tau, spec_fraction, regret; ``--against BENCH.json``
+  puts a real ``bench concurrency --json`` run's ratios beside the replayed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from workbench.errors import ConfigError
+
+DEFAULT_POLICIES = "always,threshold:auto,goodput,sglang,vllm"
+CALIBRATION_CONTEXTS = (128, 384)
+
+
+def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
+    lab = sub.add_parser("lab", help="policy lab: record one run, replay any policy on it")
+    verbs = lab.add_subparsers(dest="verb", required=True)
+    r = verbs.add_parser("record", help="record greedy outputs + every draft tree")
+    r.add_argument("--model", default=default_target)
+    r.add_argument("--draft", default=default_draft)
+    r.add_argument("--prompts-file", required=True, metavar="F.jsonl",
+                   help='one {"prompt": ...} per line')
+    r.add_argument("--shape", default="5,4,16", metavar="S,K,N",
+                   help="the largest shape to replay (every sub-shape replays exactly)")
+    r.add_argument("--chain-steps", type=int, default=None,
+                   help="record chains this deep (default max(S, 7): SGLang's default tiers)")
+    r.add_argument("--max-new-tokens", type=int, default=64)
+    r.add_argument("--out", required=True, metavar="RUN", help="folder for the recording")
+    r.add_argument("--engine", default="", metavar="KEY=VALUE,...",
+                   help="EngineConfig overrides (as bench --engine)")
+    r.set_defaults(fn=cmd_record)
+    p = verbs.add_parser("replay", help="replay policies on a recorded run")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, metavar="P,...",
+                   help="never, always, threshold:N|auto, table:LO-HI=S5K4N16|off,..., "
+                        "goodput, sglang[:TIERS.json], vllm[:LO-HI=K,...], oracle "
+                        "(never and oracle always run: the ratio's base and the bound)")
+    p.add_argument("--levels", default="1,4,16,64", metavar="C1,C2,...")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per level (default max(2c, prompts), as bench)")
+    p.add_argument("--json", action="store_true", help="one JSON object per policy and level")
+    p.add_argument("--against", default=None, metavar="BENCH.json",
+                   help="a `bench concurrency --json` output: measured ratios beside")
+    p.set_defaults(fn=cmd_replay)
+
+
+def shape_arg(text: str, flag: str) -> tuple[int, int, int]:
+    from workbench.speculative.policy import check_shape
+
+    try:
+        s, k, n = (int(x) for x in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"{flag}: expected three integers S,K,N, got {text!r}") from None
+    return check_shape((s, k, n), flag)
+
+
+def levels_arg(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--levels: expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ConfigError(f"--levels: concurrency levels must be >= 1, got {text!r}")
+    return out
+
+
+def cmd_record(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import workbench as wb
+    from workbench.bench.cli_args import engine_config
+    from workbench.bench.machine import loadavg, machine_info
+    from workbench.bench.workloads import read_prompts_file
+    from workbench.lab.record import record
+    from workbench.lab.trees import bs1_accept_lengths
+    from workbench.speculative.costmodel import calibrate
+
+    shape = shape_arg(ns.shape, "--shape")
+    prompts = read_prompts_file(ns.prompts_file)
+    for flag, path in (("--model", ns.model), ("--draft", ns.draft)):
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"{flag}: no model at {path}")
+    before = loadavg()
+    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=engine_config(ns))
+    try:
+        cm = calibrate(engine, shape=shape, contexts=CALIBRATION_CONTEXTS)
+        run = record(engine, prompts, shape, ns.max_new_tokens, ns.chain_steps, cm,
+                     progress=sys.stderr.isatty())
+    finally:
+        engine.close()
+    run.meta.update({"model": str(ns.model), "draft": str(ns.draft),
+                     "prompts_file": str(ns.prompts_file), "machine": machine_info(),
+                     "load_before": before, "load_after": loadavg(),
+                     "calibration_contexts": list(CALIBRATION_CONTEXTS)})
+    out = run.save(ns.out)
+    lens = [e for r in bs1_accept_lengths(run, shape) for e in r]
+    print(f"recorded {len(prompts)} prompts x {ns.max_new_tokens} tokens: {len(run.req)} "
+          f"positions, top-k 1..{shape[1]} (chains to {run.chain_steps} steps) in "
+          f"{run.meta['record_s']:.1f} s; bs=1 τ at S{shape[0]}K{shape[1]}N{shape[2]}: "
+          f"{sum(lens) / max(1, len(lens)):.2f}; load {before} → {run.meta['load_after']}")
+    print(f"saved {out}")
+    return 0
+
+
+def cmd_replay(ns: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from workbench.lab.record import RecordedRun
+    from workbench.lab.replay import json_rows, replay
+
+    levels = levels_arg(ns.levels)
+    if ns.requests is not None and ns.requests < 1:
+        raise ConfigError(f"--requests: must be >= 1, got {ns.requests}")
+    run = RecordedRun.load(ns.run)
+    df, _ = replay(run, ns.policy, levels, num_requests=ns.requests)
+    if ns.against:
+        from workbench.lab.validate import against
+
+        df = against(df, ns.against)
+    if ns.json:
+        for row in json_rows(df):
+            print(json.dumps(row))
+        return 0
+    cols = [c for c in ("policy", "concurrency", "tok_s", "vs_never", "measured_vs_never",
+                        "ratio_error", "tau", "spec_fraction", "tpot_p50_ms", "tpot_p99_ms",
+                        "regret") if c in df]
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(df[cols].round(3).to_string(index=False))
+    acc = df.attrs["acceptance"]
+    print(f"\nτ measured on the recording (first 8 prompts, always): {acc['tau']:.2f}; step "
+          f"times modelled from the run's cost model; machine of the recording: "
+          f"{run.meta.get('machine', {}).get('cpu')}")
+    for name, basis in df.dropna(subset=["basis"]).groupby("policy")["basis"].first().items():
+        print(f"{name}: {basis}")
+    return 0

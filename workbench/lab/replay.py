@@ -1,0 +1,142 @@
+"""``lab replay``: every policy at every concurrency on one recorded run, scored against the
+hindsight oracle.
+
+Per (policy, level) one row: tok/s, τ (tokens per verify), spec_fraction (decode steps that
+speculated), TPOT and ITL p50/p99 on the modelled clock, ``vs_never`` (tok/s over the
+``never`` arm's at that level: what ``bench concurrency`` measures as a ratio) and ``regret``
+= 1 − tok/s ÷ the oracle's tok/s at that level. The policies are built as the bench builds
+them (:mod:`workbench.lab.arms`) from the run's cost model and an acceptance measured on the
+recording the way ``measure_tau`` measures it on an engine (the first 8 prompts together,
+speculating every step at the spec's shape).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.config import tree_shape_problem
+from workbench.errors import ConfigError
+from workbench.lab.arms import ArmInputs, make_policy, policy_shapes, split_policies
+from workbench.lab.record import RecordedRun
+from workbench.lab.sim import LevelResult, Oracle, Simulator
+from workbench.lab.trees import check_recorded
+from workbench.speculative.costmodel import Acceptance, CostModel
+from workbench.speculative.policy import Always, Shape, depth_rates
+
+ORACLE_N = (2, 3, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+
+
+def oracle_shapes(run: RecordedRun) -> tuple[Shape, ...]:
+    """Every chain the run recorded and every tree (S <= S_rec, K <= K_rec, N from
+    :data:`ORACLE_N` up to N_rec) the engine accepts."""
+    s0, k0, n0 = run.shape
+    out: list[Shape] = [(s, 1, s + 1) for s in range(1, run.chain_steps + 1)]
+    for k in range(2, k0 + 1):
+        for s in range(1, s0 + 1):
+            for n in ORACLE_N:
+                if n <= n0 and not tree_shape_problem(s, k, n):
+                    out.append((s, k, n))
+    return tuple(dict.fromkeys(out))
+
+
+def cost_model_of(run: RecordedRun) -> CostModel:
+    if not run.cost_model:
+        raise ConfigError(f"RUN {run.path}: no cost model recorded (record with the engine's "
+                          "calibration: `lab record` does)")
+    return CostModel.from_dict(run.cost_model)
+
+
+def measured_acceptance(run: RecordedRun, shape: Shape | None = None,
+                        batch: int = 8) -> Acceptance:
+    """``measure_tau`` on the recording: the first ``batch`` requests together, Always at
+    ``shape`` (default: the recorded one)."""
+    shape = shape or run.shape
+    sim = Simulator(run, cost_model_of(run), shape)
+    n = min(batch, len(run.outputs))
+    res = sim.run_level(Always(), n, num_requests=n)
+    acc = [m for _, ms in res.accepted for m in ms]
+    if not acc:
+        raise ConfigError(f"RUN {run.path}: no speculative step to measure τ on")
+    s, k, nn = shape
+    return Acceptance(1.0 + float(np.mean(acc)),
+                      float(np.mean([c for c, _ in res.accepted])), len(acc), k,
+                      tuple(depth_rates(acc, min(s, nn - 1))))
+
+
+def replay(run: RecordedRun, policies: str | Sequence[str], levels: Sequence[int],
+           num_requests: int | None = None, max_batch: int = 64,
+           progress: bool = False) -> tuple[pd.DataFrame, dict[tuple[str, int], LevelResult]]:
+    """Replay ``policies`` (names or one comma-separated string) at ``levels``. Returns the
+    rows (one per policy and level; the ``never`` and ``oracle`` references are rows too) and
+    each run's :class:`LevelResult` (steps, acceptance) by (policy, level)."""
+    from tqdm.auto import tqdm
+
+    names = split_policies(policies) if isinstance(policies, str) else list(policies)
+    if not levels or any(not isinstance(c, int) or c < 1 for c in levels):
+        raise ConfigError(f"--levels: need concurrency levels >= 1, got {list(levels)!r}")
+    cm = cost_model_of(run)
+    acc = measured_acceptance(run)
+    inputs = ArmInputs(run.shape, cm, acc, max_batch, oracle_shapes(run))
+    order = list(dict.fromkeys(["never", *names, "oracle"]))
+    built = {}
+    for name in order:  # build (and check) every policy before the first replay
+        pol = make_policy(name, inputs)
+        for shape in policy_shapes(pol, run.shape):
+            check_recorded(run, shape, f"--policy {name}")
+        built[name] = pol
+    sim = Simulator(run, cm, run.shape, max_batch=max_batch)
+    results: dict[tuple[str, int], LevelResult] = {}
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=len(order) * len(levels), desc="lab replay", disable=not progress)
+    for c in levels:
+        for name in order:
+            pol = make_policy(name, inputs) if c != levels[0] else built[name]  # fresh state
+            res = sim.run_level(pol, c, num_requests)
+            results[(name, c)] = res
+            rows.append({"policy": name, **res.row, "policy_repr": repr(pol),
+                         "basis": _basis(pol)})
+            bar.update(1)
+    bar.close()
+    df = pd.DataFrame(rows)
+    ref = df[df["policy"] == "never"].set_index("concurrency")["tok_s"]
+    best = df[df["policy"] == "oracle"].set_index("concurrency")["tok_s"]
+    df["vs_never"] = df["tok_s"] / df["concurrency"].map(ref)
+    df["oracle_tok_s"] = df["concurrency"].map(best)
+    df["regret"] = 1.0 - df["tok_s"] / df["oracle_tok_s"]
+    df.attrs["acceptance"] = {"tau": acc.tau, "context": acc.context, "rates": list(acc.rates)}
+    df.attrs["run"] = str(run.path) if run.path else None
+    return df, results
+
+
+def _basis(policy: Any) -> str | None:
+    basis = getattr(policy, "basis", None)
+    return basis.reason() if basis is not None else None
+
+
+def json_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """One JSON-ready object per (policy, level): NaN → None."""
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append({k: (None if isinstance(v, float) and math.isnan(v) else
+                        v.item() if isinstance(v, np.generic) else v) for k, v in rec.items()})
+    return out
+
+
+def oracle_shares(results: dict[tuple[str, int], LevelResult]) -> pd.DataFrame:
+    """Per level, the share of the oracle's decode steps at each shape (off included)."""
+    rows = []
+    for (name, c), res in results.items():
+        if name != "oracle" or not res.steps:
+            continue
+        shapes = pd.Series([s[1] for s in res.steps]).value_counts(normalize=True)
+        rows += [{"concurrency": c, "shape": k, "share": float(v)} for k, v in shapes.items()]
+    return pd.DataFrame(rows)
+
+
+__all__ = ["Oracle", "json_rows", "measured_acceptance", "oracle_shapes", "oracle_shares",
+           "replay"]
