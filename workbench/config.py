@@ -108,7 +108,9 @@ def _utf8(s: str, field: str) -> None:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 disable them."""
+    """Per-request sampling. temperature 0 is greedy; top_k 0 and top_p 1 disable them.
+    ``max_new_tokens=0`` is prefill only: the prompt is run (its log-probabilities computed when
+    asked for) and the request finishes with reason "length" and no output token."""
 
     max_new_tokens: int = 64
     temperature: float = 0.0
@@ -122,9 +124,9 @@ class SamplingParams:
     no_stop_trim: bool = False  # keep a matched stop string / stop token in the text (SGLang)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
-            raise RequestError(f"max_new_tokens: must be a positive integer, got "
-                               f"{self.max_new_tokens!r}")
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+            raise RequestError(f"max_new_tokens: must be an integer >= 0 (0: prefill only), "
+                               f"got {self.max_new_tokens!r}")
         for name in ("temperature", "top_k", "top_p", "min_p", "seed"):
             if isinstance(getattr(self, name), bool):  # bool is an int subclass: refuse it
                 raise RequestError(f"{name}: must be a number, got {getattr(self, name)!r}")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import workbench as wb
+from workbench.core import LogprobParams
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,28 @@ def test_chunked_prefill_and_preemption_never_crash(micro_target: Path) -> None:
     assert small.kv_usage()["used_blocks"] == 0
 
 
+def test_max_new_tokens_zero_is_prefill_only(engine: wb.Engine) -> None:
+    """Prefill only: no token, reason "length", the prompt's logprobs, KV freed; batched with
+    requests that do generate, which are unaffected."""
+    ps = prompts(3, seed=7)
+    sp = wb.SamplingParams(max_new_tokens=6, ignore_eos=True)
+    alone = [engine.generate([p], sp)[0].token_ids for p in ps]
+    zero = wb.SamplingParams(max_new_tokens=0)
+    rids = [engine.add_request(ps[0], sp), engine.add_request(ps[1], zero,
+                                                               logprobs=LogprobParams(start=0)),
+            engine.add_request(ps[2], sp)]
+    while engine.has_unfinished():
+        engine.step()
+    outs = [engine.output(r) for r in rids]
+    assert outs[0].token_ids == alone[0] and outs[2].token_ids == alone[2]
+    z = outs[1]
+    assert z.token_ids == [] and z.finish_reason == "length" and z.text == ""
+    assert z.input_logprobs is not None and len(z.input_logprobs) == len(ps[1])
+    assert z.input_logprobs[0] is None and all(v <= 0 for v in z.input_logprobs[1:])
+    assert z.output_logprobs == []
+    assert engine.kv_usage()["used_blocks"] == 0
+
+
 def test_streaming_yields_the_same_text(engine: wb.Engine) -> None:
     sp = wb.SamplingParams(max_new_tokens=12, ignore_eos=True)
     text = "".join(engine.stream("import os\n", sp))
@@ -85,7 +108,7 @@ def test_sampling_is_seeded(engine: wb.Engine) -> None:
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -1}, "max_new_tokens"),
     ({"max_new_tokens": -3}, "max_new_tokens"),
     ({"top_k": -1}, "top_k"),
     ({"min_p": 1.0}, "min_p"),

@@ -119,8 +119,8 @@ CASES: dict[str, Case] = {
     "sampling top_p zero": api(lambda c: SP(top_p=0.0), wb.RequestError, r"^top_p: .*\(0, 1\]"),
     "sampling top_k negative": api(lambda c: SP(top_k=-1), wb.RequestError, "^top_k"),
     "sampling min_p one": api(lambda c: SP(min_p=1.0), wb.RequestError, r"^min_p: .*\[0, 1\)"),
-    "sampling max_new_tokens zero": api(lambda c: SP(max_new_tokens=0), wb.RequestError,
-                                        "^max_new_tokens: must be a positive integer"),
+    "sampling max_new_tokens negative": api(lambda c: SP(max_new_tokens=-1), wb.RequestError,
+                                            "^max_new_tokens: must be an integer >= 0"),
     "sampling max_new_tokens bool": api(lambda c: SP(max_new_tokens=True), wb.RequestError,
                                         "^max_new_tokens"),
     "sampling seed string": api(lambda c: SP(seed="7"), wb.RequestError,  # type: ignore[arg-type]
@@ -255,8 +255,8 @@ CASES: dict[str, Case] = {
                                  "sampling_params.top_p"),
     "http unknown sampling field": http("/generate", {"text": "a", "sampling_params": {
         "beam_width": 4}}, "sampling_params.beam_width"),
-    "http max_new_tokens zero": http("/generate", {"text": "a", "sampling_params": {
-        "max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    "http max_new_tokens negative": http("/generate", {"text": "a", "sampling_params": {
+        "max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     "http prompt too long": http("/generate", {"input_ids": [7] * 300}, "input_ids"),
     "http completions no prompt": http("/v1/completions", {"max_tokens": 3}, "prompt"),
     "http completions max_tokens negative": http("/v1/completions", {

@@ -64,9 +64,14 @@ def serving(target: Path, head: Path, limits: ServeLimits | None = None,
         engine.close()
 
 
-METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"\})? (\S+)$')
+METRIC_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(?:,[a-z_]+="[^"]*")*\})?'
+                         r' (\S+)$')
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {"name{labels}": value}; every non-comment line must parse."""
+    """Prometheus text → {"name{labels}": value}; every non-comment line must parse and belong
+    to a # TYPE'd metric (a histogram's _bucket/_sum/_count lines to the histogram); SGLang's
+    model_name label (on every sglang: series) is checked and left out of the key."""
     out: dict[str, float] = {}
     types: dict[str, str] = {}
     for line in text.splitlines():
@@ -78,12 +83,15 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         m = METRIC_LINE.match(line)
         assert m, f"unparseable metrics line {line!r}"
-        assert m.group(1) in types, f"{m.group(1)} has no # TYPE line"
+        name = m.group(1)
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in types or types.get(base) == "histogram", f"{name} has no # TYPE line"
         labels = m.group(2) or ""
         if labels.startswith("{model_name="):  # SGLang's label on every sglang: series
-            assert labels == '{model_name="model"}', labels
-            labels = ""
-        out[m.group(1) + labels] = float(m.group(3))
+            first, _, rest = labels[1:-1].partition(",")
+            assert first == 'model_name="model"', labels
+            labels = "{" + rest + "}" if rest else ""
+        out[name + labels] = float(m.group(3))
     return out
 
 

@@ -77,7 +77,7 @@ RAISES: dict[str, tuple[Call, type[Exception], str]] = {
     "seed 2**70": (lambda e: SP(seed=2**70), wb.RequestError, "^seed"),
     "seed -2**64": (lambda e: SP(seed=-(2**64)), wb.RequestError, "^seed"),
     "seed float": (lambda e: SP(seed=1.0), wb.RequestError, "^seed"),
-    "max_new_tokens 0": (lambda e: SP(max_new_tokens=0), wb.RequestError, "^max_new_tokens"),
+    "max_new_tokens -1": (lambda e: SP(max_new_tokens=-1), wb.RequestError, "^max_new_tokens"),
     "max_new_tokens None": (lambda e: SP(max_new_tokens=None), wb.RequestError,
                             "^max_new_tokens"),
     "stop empty string": (lambda e: SP(stop=("",)), wb.RequestError, "^stop"),

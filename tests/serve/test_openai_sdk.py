@@ -203,3 +203,45 @@ def test_lm_eval_loglikelihood_payload(http, reference_engine: wb.Engine) -> Non
         for v, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1],
                           strict=True):
             assert v <= max(top.values()) + TOL
+
+
+def test_echo_with_max_tokens_zero_scores_the_prompt(client: openai.OpenAI,
+                                                     reference_engine: wb.Engine) -> None:
+    """OpenAI's legacy API and vLLM: max_tokens 0 + echo returns the prompt and its scores."""
+    prompt = TEXT_PROMPTS[6]
+    r = client.completions.create(model="model", prompt=prompt, max_tokens=0, echo=True,
+                                  logprobs=1, temperature=0)
+    c = r.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 0
+    ids = reference_engine.tokenizer.encode(prompt)
+    dense = _dense_logprobs(reference_engine, ids)
+    want = dense[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert c.logprobs.token_logprobs[0] is None and len(c.logprobs.tokens) == len(ids)
+    assert float((torch.tensor(c.logprobs.token_logprobs[1:]) - want).abs().max()) <= TOL
+    chunks = list(client.completions.create(model="model", prompt=prompt, max_tokens=0,
+                                            echo=True, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == prompt
+    # without echo there is nothing to return: a 400 naming max_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="model", prompt=prompt, max_tokens=0)
+    assert e.value.body["field"] == "max_tokens"
+
+
+def test_prompt_plus_max_tokens_over_the_context_names_both(client: openai.OpenAI,
+                                                            server: ServerHandle) -> None:
+    ctx = server.engine.max_model_len
+    prompt = list(range(1, 101))
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="model", prompt=prompt, max_tokens=ctx - 99)
+    err = e.value.body
+    assert err["field"] == "max_tokens"
+    assert f"100 tokens + max_tokens {ctx - 99}" in err["message"] and str(ctx) in err["message"]
+    # exactly the context fits; a default budget is clipped, not refused
+    r = client.completions.create(model="model", prompt=prompt, max_tokens=ctx - 100,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == ctx - 100
+    long_prompt = list(range(1, ctx - 4))
+    r = client.completions.create(model="model", prompt=long_prompt, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 5

@@ -162,3 +162,42 @@ def test_cli_serves_and_stops_on_sigint(micro_target: Path, serve_head: Path, so
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sglang_latency_metrics(http, server) -> None:
+    """SGLang's TTFT / inter-token / end-to-end histograms (names, labels, buckets) and its
+    gen_throughput, token_usage and cache_hit_rate gauges."""
+    from workbench.serve.sglang_metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+
+    ttft, itl, e2e = ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                      "sglang:e2e_request_latency_seconds")
+    before = parse_metrics(http.get("/metrics").text)
+    r = http.post("/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+        "max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200
+    with http.stream("POST", "/generate", json={"input_ids": [8, 9], "stream": True,
+                                                "sampling_params": {"max_new_tokens": 3}}) as s:
+        sse_json(s.iter_lines())
+    assert server.wait_idle()
+    text = http.get("/metrics").text
+    after = parse_metrics(text)
+    assert "# TYPE sglang:time_to_first_token_seconds histogram" in text
+    for name, buckets, label in ((ttft, TTFT_BUCKETS, 'is_streaming="false",'),
+                                 (e2e, E2E_BUCKETS, 'is_streaming="false",'),
+                                 (itl, ITL_BUCKETS, "")):
+        les = [float(k.split('le="')[1].rstrip('"}')) for k in after
+               if k.startswith(f"{name}_bucket{{{label}le=")]
+        assert les == [*map(float, buckets), float("inf")], name
+        count = f"{name}_count" + (f"{{{label.rstrip(',')}}}" if label else "")
+        assert after[count] == after[f'{name}_bucket{{{label}le="+Inf"}}']
+
+    def grew(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert grew(f'{ttft}_count{{is_streaming="false"}}') == 1
+    assert grew(f'{ttft}_count{{is_streaming="true"}}') == 1
+    assert grew(f'{e2e}_count{{is_streaming="false"}}') == 1
+    assert grew(f"{itl}_count") == 5 + 2  # every output token after each request's first
+    assert grew(f"{itl}_sum") > 0 and grew(f'{e2e}_sum{{is_streaming="false"}}') > 0
+    assert after["sglang:gen_throughput"] > 0
+    assert after["sglang:token_usage"] == 0.0 and after["sglang:cache_hit_rate"] == 0.0

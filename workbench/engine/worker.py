@@ -150,7 +150,10 @@ class EagleWorker:
             offs += n
             if not r.in_prefill:
                 done.append(r)
-                if r.sample_after_prefill:
+                if r.sampling.max_new_tokens == 0:  # prefill only: no token to sample
+                    out.finish(r, "length")
+                    outputs[r.rid] = StepOutput(r.rid, [], True, "length", None)
+                elif r.sample_after_prefill:
                     self._sample_first(r, runner.logits(rows[n - 1 :]), outputs)
         self.extend([r for r in done if r.draft.capable and not r.finished], speculating=False)
         if self.trace.enabled:

@@ -8,6 +8,7 @@ state happen on this thread. Front ends talk to it through a FIFO of commands:
   streaming request, one :class:`Chunk` per step that produced tokens, and always a final
   ``Chunk(finished=True)`` carrying the engine's :class:`RequestOutput`;
 - ``abort(ticket)`` → the engine frees the request's KV now (a client went away);
+  ``abort_all()`` → the same for every request admitted so far;
 - ``call(fn)`` → ``fn(engine)`` runs between steps; its result comes back in a Future (metrics,
   server info, KV usage).
 
@@ -43,6 +44,7 @@ from typing import Any, Protocol, TypeVar
 from workbench.config import SamplingParams
 from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.stops import hold_back, text_stops
+from workbench.serve.sglang_metrics import ServeMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,6 +129,7 @@ class EngineLoop:
         self.prompt_tokens_total = 0
         self.requests_total = 0
         self.finished_total: dict[str, int] = {}
+        self.metrics = ServeMetrics()  # latency histograms, gen_throughput (loop thread only)
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._live: dict[int, Ticket] = {}
         self._lock = threading.Lock()  # guards _closed against a racing submit
@@ -197,6 +200,13 @@ class EngineLoop:
         except LoopClosed:
             pass  # the loop finished every request when it closed
 
+    def abort_all(self) -> None:
+        """Abort every request admitted so far (no-op if the loop is gone)."""
+        try:
+            self._put(("abort_all",))
+        except LoopClosed:
+            pass  # the loop finished every request when it closed
+
     def call(self, fn: Callable[[Any], T]) -> Future[T]:
         """Run ``fn(engine)`` on the loop thread between steps."""
         fut: Future[T] = Future()
@@ -225,7 +235,11 @@ class EngineLoop:
                 self._beat = time.monotonic()
                 if self.engine.has_unfinished():
                     self._busy_since = self._beat
+                    t0, before = time.perf_counter(), self.engine.stats.generated_tokens
                     self._step()
+                    self.metrics.on_step(t0, time.perf_counter(), before,
+                                         self.engine.stats.generated_tokens,
+                                         not self.engine.has_unfinished())
                     self._busy_since = None
                 self._beat = time.monotonic()
         except Exception as e:
@@ -261,6 +275,9 @@ class EngineLoop:
                 self._admit(cmd[1])
             elif kind == "abort":
                 self._abort(cmd[1])
+            elif kind == "abort_all":
+                for t in list(self._live.values()):
+                    self._abort(t)
             elif kind == "call":
                 fn, fut = cmd[1], cmd[2]
                 if fut.set_running_or_notify_cancel():
@@ -323,6 +340,9 @@ class EngineLoop:
         out = self.engine.output(rid)
         reason = out.finish_reason or "abort"
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
+        m = out.metrics
+        self.metrics.on_finish(t.submitted, m.first_token, m.token_times, time.perf_counter(),
+                               t.stream)
         # The engine keeps every request it has seen (there is no Engine.release(rid) yet);
         # forget finished ones so a long-running server does not grow without bound.
         self.engine.requests.pop(rid, None)

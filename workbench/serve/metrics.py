@@ -12,6 +12,10 @@ snapshot into the text format (version 0.0.4) on any thread. Names and meaning:
   decoding); ``sglang:num_queue_reqs`` (gauge): submitted requests not in it yet (queued for
   admission or waiting in the scheduler);
 - ``sglang:generation_tokens_total`` / ``sglang:prompt_tokens_total`` (counters);
+- ``sglang:gen_throughput`` (gauge, tokens/s over the engine's busy time), ``sglang:token_usage``
+  (gauge: KV pages in use / pages), ``sglang:cache_hit_rate`` (gauge: always 0, no prefix
+  cache here); the TTFT / inter-token / end-to-end latency histograms with SGLang's names,
+  labels and buckets: :mod:`workbench.serve.sglang_metrics`;
 
 Every ``sglang:`` series carries a ``model_name`` label (the served model name), as SGLang's do.
 - ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
@@ -37,6 +41,10 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("sglang:generation_tokens_total", "counter", "Generated tokens."),
     ("sglang:prompt_tokens_total", "counter", "Prompt tokens of admitted requests."),
     ("sglang:num_requests_total", "counter", "Admitted requests."),
+    ("sglang:gen_throughput", "gauge", "The generation throughput (token/s)."),
+    ("sglang:token_usage", "gauge", "The token usage (share of the KV pool in use)."),
+    ("sglang:cache_hit_rate", "gauge",
+     "The prefix cache hit rate (0: the workbench keeps no prefix cache)."),
     ("vllm:spec_decode_num_drafts_total", "counter", "Verify steps (one draft tree each)."),
     ("vllm:spec_decode_num_draft_tokens_total", "counter", "Drafted tokens (tree nodes)."),
     ("vllm:spec_decode_num_accepted_tokens_total", "counter", "Accepted draft tokens."),
@@ -66,6 +74,9 @@ def snapshot(engine: Any, loop: Any) -> dict[str, Any]:
         "sglang:generation_tokens_total": st.generated_tokens,
         "sglang:prompt_tokens_total": loop.prompt_tokens_total,
         "sglang:num_requests_total": loop.requests_total,
+        **loop.metrics.snapshot(),
+        "sglang:token_usage": kv["used_blocks"] / kv["total_blocks"] if kv["total_blocks"] else 0.0,
+        "sglang:cache_hit_rate": 0.0,
         "vllm:spec_decode_num_drafts_total": st.num_drafts,
         "vllm:spec_decode_num_draft_tokens_total": st.num_draft_tokens,
         "vllm:spec_decode_num_accepted_tokens_total": st.num_accepted_tokens,

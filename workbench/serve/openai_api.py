@@ -5,8 +5,10 @@ What the ``openai`` SDK and lm-eval-harness's ``local-completions`` send works:
 - ``/v1/completions``: a prompt (text or token ids) or a list of them, ``n`` samples each
   (choice ``i * n + j``; with a ``seed``, sample j uses ``seed + j``), ``logprobs`` (the k most
   likely alternatives per token, 0-20) with ``echo`` (the prompt and its logprobs first, the
-  prompt's first token ``None``: it has no context), ``stream`` with
-  ``stream_options.include_usage`` (a last chunk with ``usage`` and no choices);
+  prompt's first token ``None``: it has no context; ``max_tokens: 0`` scores the prompt
+  alone), ``stream`` with ``stream_options.include_usage`` (a last chunk with ``usage`` and
+  no choices); a prompt plus an explicit ``max_tokens`` over the context is a 400 naming both
+  numbers (:func:`check_context`);
 - ``/v1/chat/completions``: text messages rendered with the tokenizer's own chat template
   (``tokenizer_config.json``); a model whose tokenizer has none gets a 400 naming
   ``messages`` and the missing template. ``logprobs: true`` + ``top_logprobs``, ``n``,
@@ -114,6 +116,16 @@ def chat_logprobs(out: RequestOutput, tok_text: Callable[[int], str],
     return {"content": content}
 
 
+def check_context(prompt_tokens: int, max_tokens: int, field: str, max_model_len: int) -> None:
+    """A prompt plus the budget the client asked for must fit the context (OpenAI and vLLM
+    answer 400; the engine would clip the output silently)."""
+    if prompt_tokens + max_tokens > max_model_len:
+        raise HTTPError(f"{field}: the prompt's {prompt_tokens} tokens + {field} {max_tokens} = "
+                        f"{prompt_tokens + max_tokens} tokens is more than the model's context "
+                        f"(max_model_len {max_model_len}); lower {field} or shorten the prompt",
+                        field)
+
+
 def _delta(sent: dict[int, str], index: int, text: str) -> str:
     """The text choice ``index`` has not been sent yet (cumulative ``text``; all of it if the
     text sent before is no longer its prefix); records ``text`` as sent."""
@@ -139,6 +151,10 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         try:
             for i, p in enumerate(prompts):
                 field = f"{req.prompt_field}[{i}]" if len(prompts) > 1 else req.prompt_field
+                if req.max_tokens_field is not None:
+                    p = await st.tokenize(p, field)
+                    check_context(len(p), req.sampling.max_new_tokens, req.max_tokens_field,
+                                  st.max_model_len)
                 for j in range(req.n):
                     parsed = ParsedRequest(p, req.choice_sampling(j), req.stream, field,
                                            logprobs=lp)

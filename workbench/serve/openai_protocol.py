@@ -3,6 +3,8 @@
 Strict like :mod:`workbench.serve.protocol` (whose checks it uses): a wrong field is an
 :class:`~workbench.serve.protocol.HTTPError` naming it. Defaults follow OpenAI's server, not
 ``wb.SamplingParams``: temperature 1.0 for up to 16 tokens; send ``temperature: 0`` for greedy.
+``max_tokens: 0`` with ``echo: true`` scores the prompt without generating (OpenAI's legacy API
+and vLLM); without ``echo`` it is a 400.
 """
 
 from __future__ import annotations
@@ -61,7 +63,11 @@ class OpenAIRequest:
     chat one list of ``{"role", "content"}`` messages (text content). Choice ``i * n + j`` is
     prompt i's j-th sample (``seed + j`` when a seed is given, so the n samples differ).
     ``logprobs``: top alternatives per token (completions ``logprobs``, chat ``top_logprobs``),
-    None when not asked for; ``echo``: the prompt and its logprobs come first (completions)."""
+    None when not asked for; ``echo``: the prompt and its logprobs come first (completions).
+    ``max_tokens_field``: the field that set the token budget (``max_tokens`` /
+    ``max_completion_tokens``), None when the default applies: a prompt plus a budget the
+    client set that overruns the context is a 400 naming both numbers (as OpenAI and vLLM), a
+    default budget is clipped to the context."""
 
     prompts: list[Any]
     sampling: SamplingParams
@@ -72,16 +78,19 @@ class OpenAIRequest:
     logprobs: int | None
     echo: bool
     prompt_field: str
+    max_tokens_field: str | None = None
 
     def choice_sampling(self, j: int) -> SamplingParams:
         sp = self.sampling
         return sp if sp.seed is None or j == 0 else dataclasses.replace(sp, seed=sp.seed + j)
 
 
-def _openai_sampling(body: dict[str, Any], max_tokens_field: str) -> SamplingParams:
+def _openai_sampling(body: dict[str, Any], max_tokens_field: str,
+                     min_tokens: int = 1) -> SamplingParams:
     kw: dict[str, Any] = {"temperature": 1.0, "max_new_tokens": OPENAI_DEFAULT_MAX_TOKENS}
     if body.get(max_tokens_field) is not None:
-        kw["max_new_tokens"] = expect_int(body[max_tokens_field], max_tokens_field, lo=1)
+        kw["max_new_tokens"] = expect_int(body[max_tokens_field], max_tokens_field,
+                                          lo=min_tokens)
     for key in ("temperature", "top_p", "min_p"):
         if body.get(key) is not None:
             kw[key] = expect_number(body[key], key)
@@ -160,8 +169,12 @@ def parse_completion(body: dict[str, Any]) -> OpenAIRequest:
         logprobs = expect_int(body["logprobs"], "logprobs", lo=0)
         if logprobs > MAX_TOP_LOGPROBS:
             raise HTTPError(f"logprobs: at most {MAX_TOP_LOGPROBS}, got {logprobs}", "logprobs")
-    return OpenAIRequest(prompts, _openai_sampling(body, "max_tokens"), n, stream, include_usage,
-                         model, logprobs, echo, "prompt")
+    sampling = _openai_sampling(body, "max_tokens", min_tokens=0)
+    if sampling.max_new_tokens == 0 and not echo:
+        raise HTTPError("max_tokens: 0 generates nothing; it scores the prompt only with "
+                        "echo: true (with logprobs for the scores)", "max_tokens")
+    return OpenAIRequest(prompts, sampling, n, stream, include_usage, model, logprobs, echo,
+                         "prompt", "max_tokens" if body.get("max_tokens") is not None else None)
 
 
 def _chat_content(v: Any, field: str) -> str:
@@ -216,4 +229,5 @@ def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     return OpenAIRequest([messages], _openai_sampling(body, field), n, stream, include_usage,
-                         model, top if want else None, False, "messages")
+                         model, top if want else None, False, "messages",
+                         field if body.get(field) is not None else None)

@@ -192,8 +192,8 @@ GENERATE_NO_OPS: dict[str, Any] = {
 }
 # SGLang sampling params we implement (seed: also SGLang's ``sampling_seed``).
 SGLANG_SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                             "stop_token_ids", "ignore_eos", "no_stop_trim", "seed",
-                             "sampling_seed"})
+                             "stop_token_ids", "stop_regex", "ignore_eos", "no_stop_trim",
+                             "seed", "sampling_seed"})
 # SGLang sampling params accepted at their default value only.
 SGLANG_NO_OPS: dict[str, Any] = {
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
@@ -246,7 +246,11 @@ def parse_generate(body: dict[str, Any]) -> ParsedRequest:
     if not isinstance(sp, dict):
         raise HTTPError(f"sampling_params: expected an object, got {type_name(sp)}",
                         "sampling_params")
-    return ParsedRequest(prompt, parse_sglang_sampling(sp), stream, field, rid,
+    sampling = parse_sglang_sampling(sp)
+    if stream and sampling.max_new_tokens == 0:
+        raise HTTPError("sampling_params.max_new_tokens: 0 (prefill only) produces no tokens to "
+                        "stream; send stream: false", "sampling_params.max_new_tokens")
+    return ParsedRequest(prompt, sampling, stream, field, rid,
                          logprobs=logprobs, return_text_in_logprobs=text_in)
 
 
@@ -278,7 +282,7 @@ def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
     kw: dict[str, Any] = {"temperature": 1.0,
                           "max_new_tokens": SGLANG_DEFAULT_MAX_NEW_TOKENS}
     if sp.get("max_new_tokens") is not None:
-        kw["max_new_tokens"] = expect_int(sp["max_new_tokens"], p + "max_new_tokens", lo=1)
+        kw["max_new_tokens"] = expect_int(sp["max_new_tokens"], p + "max_new_tokens", lo=0)
     for key in ("temperature", "top_p", "min_p"):
         if sp.get(key) is not None:
             kw[key] = expect_number(sp[key], p + key)
@@ -287,6 +291,9 @@ def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
         kw["top_k"] = 0 if k == -1 else k
     if "stop" in sp:
         kw["stop"] = stop_strings(sp["stop"], p + "stop")
+    if sp.get("stop_regex") not in (None, [], ""):  # SGLang's frontend always sends it
+        raise HTTPError(f"{p}stop_regex: not supported yet, got {sp['stop_regex']!r}",
+                        p + "stop_regex")
     if sp.get("stop_token_ids") is not None:
         kw["stop_token_ids"] = tuple(token_id_list(sp["stop_token_ids"], p + "stop_token_ids",
                                                 allow_empty=True))

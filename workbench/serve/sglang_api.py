@@ -1,11 +1,14 @@
 """SGLang-native routes of ``workbench serve``: ``/generate``, ``/health``, ``/server_info``
-(also ``/get_server_info``), ``/metrics`` and ``/v1/models``.
+(also ``/get_server_info``), ``/metrics`` and ``/v1/models``; the control routes
+(``/model_info``, ``/flush_cache``, ``/abort_request``): :mod:`workbench.serve.sglang_admin`.
 
 ``POST /generate`` takes SGLang 0.5.23's body (:func:`~workbench.serve.protocol.parse_generate`)
 and answers ``{"text", "output_ids", "meta_info"}``, ``meta_info`` as SGLang shapes it
 (:func:`~workbench.serve.responses.meta_info`; logprobs:
 :func:`~workbench.serve.responses.sglang_logprobs`); with ``stream: true`` server-sent events
 ``data: {...}\\n\\n`` with cumulative ``text`` and ``output_ids``, ending ``data: [DONE]``.
+``sampling_params.max_new_tokens: 0`` runs the prompt only (its logprobs with
+``return_logprob``; no output). A list of prompts is a batch: :mod:`workbench.serve.sglang_batch`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 from workbench.serve.frontend import AbortingStream, ServeState, check_failed, loop_down
 from workbench.serve.loop import Chunk
 from workbench.serve.metrics import render, snapshot
-from workbench.serve.protocol import HTTPError, parse_generate
+from workbench.serve.protocol import HTTPError, ParsedRequest, parse_generate
 from workbench.serve.responses import meta_info, sglang_logprobs, sse
+from workbench.serve.sglang_admin import LiveRids, add_admin_routes
+from workbench.serve.sglang_batch import generate_batch, split_generate
 from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
 
 # ---- engine-side views (run on the loop thread) ------------------------------------------------
@@ -68,6 +73,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
     """Register SGLang's routes on ``app`` (``st``: the server's shared state; ``body_of``: its
     bounded JSON body reader)."""
     loop, name, limits = st.loop, st.name, st.limits
+    live = LiveRids()
+    add_admin_routes(app, st, body_of, live)
 
     @app.get("/health")
     async def health() -> Any:
@@ -88,8 +95,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
 
     @app.get("/metrics")
     async def metrics() -> Any:
-        snap = await st.call(lambda e: snapshot(e, loop))
-        return PlainTextResponse(render(snap, snap["sglang:spec_num_steps"], name),
+        snap, hists = await st.call(lambda e: (snapshot(e, loop), loop.metrics.render(name)))
+        return PlainTextResponse(render(snap, snap["sglang:spec_num_steps"], name) + hists,
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
@@ -100,30 +107,54 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
     @app.post("/generate")
     async def generate(request: Request) -> Any:
         t0 = time.perf_counter()
-        parsed = parse_generate(await body_of(request))
+        raw = await body_of(request)
+        items = split_generate(raw)
+        if items is not None:
+            return await generate_batch(request, st, live, items, t0, response_body)
+        parsed = parse_generate(raw)
         rid = parsed.rid or uuid.uuid4().hex
+        live.check_free([rid])
         ticket, sink, adm = await st.admit(parsed)
-
-        decode = _token_decoder(loop.engine) if parsed.return_text_in_logprobs else None
-
-        def body(c: Chunk) -> dict[str, Any]:
-            meta = meta_info(rid, adm.prompt_tokens, c.token_ids, c.finish_reason,
-                             time.perf_counter() - t0, c.error, c.matched_stop, c.output,
-                             c.num_draft_tokens)
-            if parsed.logprobs is not None and c.output is not None:
-                meta.update(sglang_logprobs(c.output, decode))
-            return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
+        live.add(rid, ticket)
+        body = response_body(loop.engine, parsed, rid, adm.prompt_tokens, t0)
 
         if not parsed.stream:
-            c = await st.final(request, ticket, sink)
+            try:
+                c = await st.final(request, ticket, sink)
+            finally:
+                live.remove(rid, ticket)
             if c is None:
                 return Response(status_code=499)
             check_failed(c)
             return body(c)
 
         async def events() -> AsyncIterator[bytes]:
-            async for c in st.chunks(ticket, sink):
-                yield sse(body(c))
-            yield sse("[DONE]")
+            try:
+                async for c in st.chunks(ticket, sink):
+                    yield sse(body(c))
+                yield sse("[DONE]")
+            finally:
+                live.remove(rid, ticket)
 
-        return AbortingStream(events(), lambda: loop.abort(ticket))
+        def abort() -> None:
+            live.remove(rid, ticket)
+            loop.abort(ticket)
+
+        return AbortingStream(events(), abort)
+
+
+def response_body(engine: Any, parsed: ParsedRequest, rid: str, prompt_tokens: int,
+                  t0: float) -> Callable[[Chunk], dict[str, Any]]:
+    """Chunk → SGLang's ``{"text", "output_ids", "meta_info"}`` for the request ``parsed``
+    (id ``rid``, received at ``t0``)."""
+    decode = _token_decoder(engine) if parsed.return_text_in_logprobs else None
+
+    def body(c: Chunk) -> dict[str, Any]:
+        meta = meta_info(rid, prompt_tokens, c.token_ids, c.finish_reason,
+                         time.perf_counter() - t0, c.error, c.matched_stop, c.output,
+                         c.num_draft_tokens)
+        if parsed.logprobs is not None and c.output is not None:
+            meta.update(sglang_logprobs(c.output, decode))
+        return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
+
+    return body

@@ -1,0 +1,134 @@
+"""SGLang 0.5.23's control routes, with its field names and shapes (read from the wheel's
+``srt/entrypoints/http_server.py``):
+
+- ``GET /model_info`` (also ``/get_model_info``, which ``sgl.RuntimeEndpoint`` calls in its
+  constructor): ``model_path``, ``served_model_name``, ``tokenizer_path`` (what
+  ``bench_serving`` loads when no ``--tokenizer`` is given), ``is_generation``,
+  ``preferred_sampling_params``, ``weight_version``, ``load_format``, ``reasoning_parser``,
+  ``tool_call_parser``, ``disaggregation_mode``, ``has_image_understanding``,
+  ``has_audio_understanding``, ``model_type``, ``architectures``;
+- ``GET|POST /flush_cache``: SGLang frees its prefix (radix) cache, and refuses (400) while
+  requests are running or waiting. The workbench keeps no prefix cache (a finished request's KV
+  pages go back to the pool when it finishes), so there is nothing held between requests: it
+  answers 200 when the engine is idle (returning cached allocator memory to the device on CUDA)
+  and 400 while requests are live, as upstream;
+- ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts every live ``/generate`` request whose
+  id starts with ``rid`` (upstream's scheduler matches by prefix, so a batch's ``rid`` aborts its
+  ``"<rid>_<i>"`` items), or every live request of any route with ``abort_all``; an empty rid
+  without ``abort_all`` aborts nothing (as upstream). 200 with an empty body; the aborted
+  requests answer ``finish_reason {"type": "abort"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.serve.frontend import ServeState
+from workbench.serve.loop import Ticket
+from workbench.serve.protocol import HTTPError, check_fields, expect_bool, type_name
+from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
+
+
+def model_info(engine: Any, name: str) -> dict[str, Any]:
+    """SGLang's ``/model_info`` for ``engine`` served as ``name``."""
+    folder = Path(str(engine.model_path))
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    has_tokenizer = engine.tokenizer is not None
+    return {
+        "model_path": str(folder),
+        "served_model_name": name,
+        "tokenizer_path": str(folder) if has_tokenizer else None,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": cfg.get("model_type"),
+        "architectures": cfg.get("architectures"),
+    }
+
+
+def _flush(engine: Any) -> str | None:
+    """On the engine thread: None when flushed, else why not (requests are live)."""
+    if engine.has_unfinished():
+        return (f"Cache not flushed: {engine.num_running()} requests running and "
+                f"{engine.num_waiting()} waiting (as SGLang, nothing is flushed while "
+                "requests are live).\n")
+    import torch
+
+    if str(engine.config.device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return None
+
+
+class LiveRids:
+    """The live ``/generate`` requests by their SGLang id (``meta_info.id``)."""
+
+    def __init__(self) -> None:
+        self._tickets: dict[str, Ticket] = {}
+
+    def add(self, rid: str, ticket: Ticket) -> None:
+        if rid in self._tickets:
+            raise HTTPError(f"rid: {rid!r} is already in use by a live request", "rid")
+        self._tickets[rid] = ticket
+
+    def check_free(self, rids: list[str]) -> None:
+        if len(set(rids)) != len(rids):
+            raise HTTPError("rid: the batch repeats a request id", "rid")
+        for r in rids:
+            if r in self._tickets:
+                raise HTTPError(f"rid: {r!r} is already in use by a live request", "rid")
+
+    def remove(self, rid: str, ticket: Ticket) -> None:
+        if self._tickets.get(rid) is ticket:
+            del self._tickets[rid]
+
+    def matching(self, prefix: str) -> list[Ticket]:
+        return [t for r, t in list(self._tickets.items()) if r.startswith(prefix)]
+
+
+def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any],
+                     live: LiveRids) -> None:
+    """Register /model_info, /get_model_info, /flush_cache and /abort_request on ``app``."""
+    loop = st.loop
+    info = model_info(loop.engine, st.name)  # fixed once the engine is built
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def get_model_info() -> Any:
+        return info
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Any:
+        why = await st.call(_flush)
+        if why is not None:
+            return PlainTextResponse(why, status_code=400)
+        return PlainTextResponse("Cache flushed.\nThe workbench keeps no prefix cache: no KV is "
+                                 "held between requests.\n")
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Any:
+        body = await body_of(request)
+        check_fields(body, {"rid", "abort_all", "finished_reason", "abort_message",
+                            "weight_versions"}, "")
+        rid = body.get("rid")
+        if rid is None:
+            rid = ""
+        if not isinstance(rid, str):
+            raise HTTPError(f"rid: expected a string, got {type_name(rid)}", "rid")
+        abort_all = False if body.get("abort_all") is None else \
+            expect_bool(body["abort_all"], "abort_all")
+        if abort_all:
+            loop.abort_all()
+        elif rid:
+            for t in live.matching(rid):
+                loop.abort(t)
+        return Response(status_code=200)
