@@ -78,7 +78,7 @@ F.colored_text(eagle.token_ids, eagle.from_draft, engine.tokenizer)
 import pandas as pd
 
 from workbench.bench import sanity
-from workbench.bench.machine import format_machine, machine_info
+from workbench.machine import format_machine, machine_info
 from workbench.bench.spec import run_spec_bench
 from workbench.viz.report import ratio_ci, sanity_block
 

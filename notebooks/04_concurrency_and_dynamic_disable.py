@@ -44,7 +44,7 @@ from workbench.bench.concurrency import (
     summarize,
     switch_costs,
 )
-from workbench.bench.machine import format_machine, machine_info
+from workbench.machine import format_machine, machine_info
 from workbench.viz import figures as F
 from workbench.train.demo_models import REPO_ROOT, demo_models
 from workbench.viz.report import highlight_flagged, ratio_ci, sanity_block

@@ -531,7 +531,7 @@ def export_html(nb: Any, name: str, out: Path, widgets: dict[str, Any],
 def machine_line() -> tuple[str, int, str | None]:
     """("AMD EPYC 9B14 · 2 cores · L3 32 MiB · torch 2.13.0+cpu", cores, commit)."""
     sys.path.insert(0, str(REPO))
-    from workbench.bench.machine import machine_info
+    from workbench.machine import machine_info
 
     m = machine_info()
     l3 = f" · L3 {m['l3'] / (1 << 20):g} MiB" if m.get("l3") else ""

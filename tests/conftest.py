@@ -1,4 +1,5 @@
-"""Session fixtures: a tiny corpus and a tiny trained target, built once per test run."""
+"""Session fixtures: a tiny corpus, a tiny trained target and a random EAGLE-3 head for it,
+built once per test run."""
 
 from __future__ import annotations
 
@@ -31,3 +32,12 @@ def micro_target(tmp_path_factory: pytest.TempPathFactory, tiny_corpus: Path) ->
     root = tmp_path_factory.mktemp("micro_target")
     write_trained_target(root / "model", tiny_corpus, root / "work")
     return root / "model"
+
+
+@pytest.fixture(scope="session")
+def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight EAGLE-3 head for ``micro_target`` (accepts ~nothing; real format)."""
+    from workbench.models.synthetic import write_random_head
+
+    return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import DraftTree, Request, RequestOutput, StepOutput, VerifyResult
+from workbench.engine.calibrate import calibrate
 from workbench.engine.engine import Engine
 from workbench.errors import (
     CheckpointError,
@@ -20,12 +21,12 @@ from workbench.errors import (
     RequestFailed,
     WorkbenchError,
 )
-from workbench.speculative.costmodel import CostModel, calibrate
-from workbench.speculative.goodput import Goodput
-from workbench.speculative.policy import (
+from workbench.policy import (
     Always,
     BatchThreshold,
+    CostModel,
     Decision,
+    Goodput,
     Never,
     Policy,
     PolicyContext,

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from workbench.errors import ConfigError, RequestError
-
-if TYPE_CHECKING:
-    from workbench.speculative.policy import Policy
+from workbench.policy.policies import Always, Policy, tree_shape_problem
 
 
 @dataclass(frozen=True)
@@ -182,39 +180,21 @@ class SamplingParams:
         return cls(**d)
 
 
-def max_draft_tokens(num_steps: int, topk: int) -> int:
-    """The most tree nodes a draft of ``num_steps`` expansions of the top-``topk`` frontier can
-    offer, root included: k children per step, k·s + 1 (SpecConfig and policy shapes)."""
-    return topk * num_steps + 1
-
-
-def tree_shape_problem(num_steps: int, topk: int, num_draft_tokens: int,
-                       n_name: str = "") -> str | None:
-    """The tree-shape rule an (S, K, N) breaks, in words (``None`` when it breaks none): a
-    chain (topk=1) verifies exactly S+1 nodes; a tree at most :func:`max_draft_tokens`.
-    SpecConfig and the policies' candidate shapes both check it; ``n_name`` names N in the
-    budget message when the caller's field does not."""
-    s, k, n = num_steps, topk, num_draft_tokens
-    if k == 1 and n != s + 1:
-        return f"topk=1 (chain) forces num_draft_tokens = num_steps + 1 = {s + 1}, got {n}"
-    if n > max_draft_tokens(s, k):
-        return f"{n_name}{n} > topk·num_steps+1 = {max_draft_tokens(s, k)}"
-    return None
-
-
 @dataclass(frozen=True)
 class SpecConfig:
     """EAGLE-3 settings: S draft steps (tree depth), top-K branching, N verified nodes.
 
-    ``num_draft_tokens`` counts the root (SGLang semantics); None derives it (chain: S+1).
+    ``num_draft_tokens`` counts the root (SGLang semantics); 0 (the default) derives it: a
+    chain verifies S+1 nodes, a tree min(K·S+1, 16). ``policy`` decides per step whether and
+    how much to speculate (``workbench.policy``; default :class:`Always`).
     ``simulate_accept_length`` replaces acceptance by a synthetic τ for performance studies:
     outputs are then NOT the target's (not lossless) and are marked as such.
     """
 
     num_steps: int = 5
     topk: int = 4
-    num_draft_tokens: int | None = None
-    policy: Policy | None = None  # None → Always()
+    num_draft_tokens: int = 0
+    policy: Policy = field(default_factory=Always)
     # while speculation is off: "warm" extends the draft on every plain step (SGLang), "cold"
     # skips it and catches up when speculation returns, "auto" stays warm for the first
     # AUTO_WARM_STEPS plain steps of an off stretch (cheap short flips), then goes cold; its
@@ -241,11 +221,12 @@ class SpecConfig:
         if not _is_int(k) or k < 1:
             raise ConfigError(f"SpecConfig.topk: must be >= 1, got {k!r}")
         n = self.num_draft_tokens
-        if n is None:
+        if _is_int(n) and n == 0:
             n = s + 1 if k == 1 else min(k * s + 1, 16)
             object.__setattr__(self, "num_draft_tokens", n)
         if not _is_int(n) or n < 2:
-            raise ConfigError(f"SpecConfig.num_draft_tokens: must be >= 2, got {n!r}")
+            raise ConfigError(f"SpecConfig.num_draft_tokens: must be >= 2 (or 0: derived from "
+                              f"num_steps and topk), got {n!r}")
         problem = tree_shape_problem(s, k, n)
         if problem:
             raise ConfigError(f"SpecConfig.num_draft_tokens: {problem}")
@@ -258,13 +239,9 @@ class SpecConfig:
         if a is not None and (not _is_real(a) or not 1.0 <= a <= s + 1):
             raise ConfigError(f"SpecConfig.simulate_accept_length: must be in [1, num_steps+1], "
                               f"got {a}")
-        if self.policy is None:
-            from workbench.speculative.policy import Always
-
-            object.__setattr__(self, "policy", Always())
-        elif not all(callable(getattr(self.policy, m, None)) for m in ("decide", "observe")):
-            raise ConfigError(f"SpecConfig.policy: expected a Policy (workbench.speculative."
-                              f"policy: Always(), Threshold(...), ...) or None, got "
+        if not all(callable(getattr(self.policy, m, None)) for m in ("decide", "observe")):
+            raise ConfigError(f"SpecConfig.policy: expected a Policy (workbench.policy: "
+                              f"Always(), BatchThreshold(n), Goodput(), ...), got "
                               f"{self.policy!r}")
         if not isinstance(self.extra, dict):
             raise ConfigError(f"SpecConfig.extra: must be a dict, got {self.extra!r}")
@@ -272,3 +249,8 @@ class SpecConfig:
     @property
     def lossless(self) -> bool:
         return self.simulate_accept_length is None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(S draft steps, K top-k, N verified nodes incl. the root)."""
+        return (self.num_steps, self.topk, self.num_draft_tokens)

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.__main__ import main
 from workbench.bench import results
-from workbench.bench.machine import machine_kind
+from workbench.machine import machine_kind
 
 
 def test_bench_spec_records_machine_load_flags(micro_target: Path, tmp_path: Path,

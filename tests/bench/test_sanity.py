@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from workbench.bench import sanity
-from workbench.bench.machine import format_machine, machine_info, machine_kind
 from workbench.bench.sanity import Flag, LoadSampler, mark, mean_ci, sanity_flags
+from workbench.machine import format_machine, machine_info, machine_kind
 
 
 def _codes(flags: list[Flag]) -> list[str]:

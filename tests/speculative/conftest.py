@@ -10,12 +10,7 @@ import pytest
 import workbench as wb
 from workbench.models.synthetic import write_random_head
 
-__all__ = ["random_head", "write_random_head"]  # write_random_head: imported by other tests
-
-
-@pytest.fixture(scope="session")
-def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
+__all__ = ["write_random_head"]  # imported by other tests
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from typing import Any, Literal
 import pytest
 
 import workbench as wb
-from workbench.speculative.costmodel import CostModel, LinearCost
-from workbench.speculative.goodput import Goodput
-from workbench.speculative.policy import RandomFlip, StepTable
+from workbench.policy.costmodel import CostModel, LinearCost
+from workbench.policy.goodput import Goodput
+from workbench.policy.policies import RandomFlip, StepTable
 from workbench.trace import DraftExtended
 
 State = Literal["warm", "cold", "auto"]
@@ -164,7 +164,7 @@ class OffStretches:
         self.step = 0
 
     def decide(self, ctx: Any) -> Any:
-        from workbench.speculative.policy import Decision
+        from workbench.policy.policies import Decision
 
         self.step += 1
         if 4 <= self.step < 24 or 40 <= self.step < 70:

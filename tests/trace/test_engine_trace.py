@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from speculative.conftest import random_head, trained_head  # noqa: F401 (session fixtures)
+from speculative.conftest import trained_head  # noqa: F401 (session fixture)
 
 import workbench as wb
 from workbench.engine.engine import EngineStats

@@ -13,7 +13,7 @@
 
 Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-prompts``).
 
-Every result records the machine (``workbench.bench.machine``), the load average before and
+Every result records the machine (``workbench.machine``), the load average before and
 after, and the sanity flags of ``workbench.bench.sanity`` (load > cores, self-inconsistent
 numbers); flagged rows carry the flag codes in a ``flags`` column, and ``--strict`` makes a
 flagged run exit 2. ``--repeats`` adds 95 % confidence intervals; ``--engine KEY=VALUE,...``

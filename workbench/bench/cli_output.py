@@ -44,8 +44,8 @@ def stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
     with ``bench`` and ``summary`` also merge them into the machine kind's results file
     (``workbench.bench.results``: ``<out>/<kind>.json``)."""
     from workbench.bench import results
-    from workbench.bench.machine import machine_info
     from workbench.bench.sanity import report
+    from workbench.machine import machine_info
 
     doc = json.loads(json_path.read_text()) if json_path.is_file() else {}
     machine = doc.get("machine") or machine_info()

@@ -103,8 +103,8 @@ def _stamp_sweep(df: pd.DataFrame, flags: list[Any], choices: dict[str, Any], be
 def bench_http(ns: argparse.Namespace) -> int:
     """Closed-loop sweep against a running server (ours or SGLang), one level at a time."""
     from workbench.bench import http
-    from workbench.bench.machine import loadavg, machine_info
     from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+    from workbench.machine import loadavg, machine_info
 
     prompts = args.prompts(ns)
     rows = []
@@ -176,7 +176,7 @@ def bench_k0(ns: argparse.Namespace) -> int:
     with ``draft_state="warm"`` for comparison. Goal: ≤ 2 % at every level with the default."""
     from workbench.bench.concurrency import summarize
     from workbench.config import SpecConfig
-    from workbench.speculative.policy import BatchThreshold
+    from workbench.policy.policies import BatchThreshold
 
     levels = args.levels(ns)
     shape = args.spec(ns)

@@ -39,11 +39,11 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.machine import loadavg, machine_info
 from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
-from workbench.speculative.policy import (
+from workbench.machine import loadavg, machine_info
+from workbench.policy.policies import (
     Always,
     BatchThreshold,
     Never,
@@ -72,12 +72,11 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     acceptance measured there (``accept_seed``), not from its prior guess."""
     if engine.draft is None:
         return {"baseline": None}
-    from workbench.speculative.costmodel import calibrate, measure_tau
-    from workbench.speculative.goodput import Goodput
+    from workbench.engine.calibrate import calibrate, measure_tau
+    from workbench.policy.goodput import Goodput
 
     spec = spec or SpecConfig()
-    assert spec.num_draft_tokens is not None  # SpecConfig.__post_init__ fills it
-    shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens))
+    shape = spec.shape
     off = dataclasses.replace(spec, draft_state="auto")  # policies that turn drafting off
     # Goodput may also pick cheaper chains (mid batch sizes: less verify work per request)
     candidates = list(dict.fromkeys([shape, (shape[0], 1, shape[0] + 1), (3, 1, 4)]))
@@ -155,7 +154,7 @@ class _Loop:
             reset = getattr(spec.policy, "reset", None)
             if callable(reset):
                 reset()  # every cell starts from the same policy state
-            self.rec = RecordingPolicy(spec.policy or Always())
+            self.rec = RecordingPolicy(spec.policy)
             spec = dataclasses.replace(spec, policy=self.rec)
         self.engine, self.prompts, self.sp = engine, prompts, sp
         self.concurrency, self.num_requests = concurrency, num_requests

@@ -26,8 +26,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from workbench.bench.machine import machine_info
 from workbench.config import SamplingParams, SpecConfig
+from workbench.machine import machine_info
 
 COMPILED = "hf static compiled"  # the peer that is warmed (and compiled) on every prompt
 

@@ -1,5 +1,5 @@
 """One results file per machine kind: ``data/results/<kind>.json`` (``kind`` from the CPU model,
-``workbench.bench.machine.machine_kind``: ``amd-epyc``, ``intel-xeon-platinum-8581c``...).
+``workbench.machine.machine_kind``: ``amd-epyc``, ``intel-xeon-platinum-8581c``...).
 
 Every ``bench`` run merges its summary into the file of the machine it ran on, under the
 benchmark's name, with the exact command, the machine facts, the load before/after and the
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.machine import machine_info, machine_kind
+from workbench.machine import machine_info, machine_kind
 
 
 def command_line(argv: list[str] | None = None) -> str:

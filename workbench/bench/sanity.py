@@ -54,7 +54,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.bench.machine import loadavg, machine_info
+from workbench.machine import loadavg, machine_info
 
 LOADED = "loaded"
 TOK_S_VS_ITL = "tok_s_vs_itl"

@@ -32,11 +32,11 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.machine import machine_info
 from workbench.bench.sanity import Flag
 from workbench.bench.spec import run_spec_bench
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
+from workbench.machine import machine_info
 from workbench.models.synthetic import TargetShape, random_pair
 
 # The shipped target first; then deeper (as real 32-80-layer targets are), then wider.

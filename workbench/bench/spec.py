@@ -15,8 +15,8 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.machine import machine_info
 from workbench.config import SamplingParams, SpecConfig
+from workbench.machine import machine_info
 
 DEFAULT_ARMS: dict[str, SpecConfig | None] = {
     "baseline": None,

@@ -35,8 +35,8 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.bench.machine import machine_info
 from workbench.config import SamplingParams, SpecConfig
+from workbench.machine import machine_info
 from workbench.trace.tracer import NullTracer, trace
 
 MODES = ("no_hooks", "default", "recording")

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from workbench.bench.machine import cpu_flags, cpu_model, loadavg
+from workbench.machine import cpu_flags, cpu_model, loadavg
 from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
 
 ENV_CACHE = "WORKBENCH_AUTOTUNE_CACHE"

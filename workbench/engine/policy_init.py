@@ -35,11 +35,12 @@ import torch
 
 from workbench.config import SpecConfig
 from workbench.engine import autotune
+from workbench.engine.calibrate import calibrate as fit_cost_model
+from workbench.engine.calibrate import measure_tau
 from workbench.errors import ConfigError
-from workbench.speculative.costmodel import CostModel, measure_tau
-from workbench.speculative.costmodel import calibrate as fit_cost_model
-from workbench.speculative.goodput import Goodput
-from workbench.speculative.policy import BatchThreshold
+from workbench.policy.costmodel import CostModel
+from workbench.policy.goodput import Goodput
+from workbench.policy.policies import BatchThreshold
 
 STAGE = "policy_costmodel"
 CACHE_NAME = "policy.json"
@@ -77,15 +78,11 @@ def _write(path: Path | None, key: str, entry: dict[str, Any]) -> None:
     autotune.replace_cache(path, entries, 1)
 
 
-def spec_shape(spec: SpecConfig) -> tuple[int, int, int]:
-    return (spec.num_steps, spec.topk, int(spec.num_draft_tokens or spec.num_steps + 1))
-
-
 def stage(engine: Any) -> str:
     """The init stage: load the cached cost model of the default shape (5, 4, 16), if any."""
     if engine.draft is None:
         return "no draft model: nothing to calibrate"
-    shape = spec_shape(SpecConfig())
+    shape = SpecConfig().shape
     entry = _read(cache_file()).get(_key(engine, shape))
     if not _valid(entry):
         return ("not cached: measured when a policy needs it (BatchThreshold('auto'), "
@@ -113,7 +110,7 @@ def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
     """Measure the cost model and τ of ``shape`` (default: SpecConfig's) on this engine, cache
     it, and keep it in ``engine.choices["policy_costmodel"]``. ``prompts``: measure τ on them
     (the workload's text) instead of the target's own continuations of token seeds."""
-    shape = shape or spec_shape(SpecConfig())
+    shape = shape or SpecConfig().shape
     if engine.draft is None:
         raise ConfigError(f"{STAGE}: the engine has no draft model")
     live = sum(1 for r in engine.requests.values() if not r.finished)
@@ -167,7 +164,7 @@ def resolve(engine: Any, spec: SpecConfig) -> SpecConfig:
     policy = spec.policy
     if not getattr(policy, "needs_engine", False):
         return spec
-    shape = spec_shape(spec)
+    shape = spec.shape
     entry = _entry(engine, shape)
     cm = CostModel.from_dict(entry["model"])
     if isinstance(policy, BatchThreshold):

@@ -207,31 +207,46 @@ class ModelRunner:
         assert self.pool is not None
         return r.draft.slots(self.pool.slots(r.blocks, 0, end))
 
+    def draft_forward(self, batch: ForwardBatch, hidden: torch.Tensor,
+                      logit_rows: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft over ``batch`` from input features ``hidden`` (T, D): its KV is written
+        to the draft pool (each request's holes left out) and attention sees the positions the
+        draft holds. Returns (logits at ``logit_rows``, every row when None; hidden rows)."""
+        assert self.draft is not None and self.draft_attn is not None
+        write, kv = [], []
+        for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
+            slots = self.draft_slots(r, e)
+            write.append(slots[slots.numel() - (e - s):])
+            kv.append(slots)
+        self.draft_attn.plan(_cat(write), batch.q_lens, kv)
+        return self.draft(batch.tokens, hidden, batch.positions, self.draft_attn,
+                          logit_rows=logit_rows)
+
     def draft_extend(self, reqs: list[Request]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
         """The draft over every position it has not seen, (feature at p, token at p+1) for p in
         [draft.len, kv_len). Returns (logits at each request's last row, all hidden rows,
         each request's last row index, rows per request)."""
-        assert self.draft is not None and self.draft_attn is not None
+        assert self.draft is not None
         dev = self.device
-        toks, pos, write, kv = [], [], [], []
+        toks, pos = [], []
         feats: list[torch.Tensor] = []
-        q_lens: list[int] = []
         for r in reqs:
             s, e = r.draft.len, r.kv_len
             toks.append(torch.tensor(r.tokens[s + 1 : e + 1], device=dev))
             pos.append(torch.arange(s, e, device=dev))
-            feats.extend(r.draft.pending_feats)  # type: ignore[arg-type]
-            slots = self.draft_slots(r, e)
-            write.append(slots[slots.numel() - (e - s):])
-            kv.append(slots)
-            q_lens.append(e - s)
-        def cat(xs: list[torch.Tensor]) -> torch.Tensor:  # bs=1: no copy
-            return xs[0] if len(xs) == 1 else torch.cat(xs)
-
-        self.draft_attn.plan(cat(write), q_lens, kv)
-        hidden = self.draft.features(cat(feats))
+            feats.extend(r.draft.pending_feats or ())
+        batch = ForwardBatch(reqs, [r.draft.len for r in reqs], [r.kv_len for r in reqs],
+                             _cat(toks), _cat(pos))
+        q_lens = batch.q_lens
+        hidden = self.draft.features(_cat(feats))
         ends = torch.tensor(list(itertools.accumulate(q_lens)), device=dev) - 1
         # logits only where the next draft starts (a catch-up over m positions needs 1 row)
-        logits, out = self.draft(cat(toks), hidden, cat(pos), self.draft_attn, logit_rows=ends)
+        logits, out = self.draft_forward(batch, hidden, logit_rows=ends)
         return logits, out, ends, q_lens
+
+
+def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, without the copy for one piece (bs=1)."""
+    return xs[0] if len(xs) == 1 else torch.cat(xs)

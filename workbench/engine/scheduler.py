@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from workbench.core import Request, Status
 from workbench.engine.kv_cache import KVPool
-from workbench.speculative.policy import Decision
+from workbench.policy.policies import Decision
 
 
 @dataclass

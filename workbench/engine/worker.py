@@ -29,8 +29,8 @@ from workbench.engine.sampler import process_probs, sample_rows, valid_distribut
 from workbench.engine.scheduler import DecodePlan, ScheduledBatch
 from workbench.engine.stats import EngineStats, count_depths
 from workbench.models.llama import row_bucket
+from workbench.policy.policies import Decision, PolicyContext
 from workbench.speculative.drafter import draft_tree
-from workbench.speculative.policy import Decision, PolicyContext
 from workbench.speculative.verify import greedy_verify, sample_verify, simulated_verify
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
@@ -72,11 +72,10 @@ class EagleWorker:
         spec = self.spec
         if spec is None or self.runner.draft is None:
             return DecodePlan(Decision(False, reason="no spec"), [], 1)
-        ctx = PolicyContext(self.step_id, len(decode), spec.num_steps, spec.topk,
-                            spec.num_draft_tokens or spec.num_steps + 1,
+        ctx = PolicyContext(self.step_id, len(decode), *spec.shape,
                             context_tokens=sum(r.kv_len for r in decode) // len(decode),
                             draft_state="warm" if self.warm() else "cold")
-        d = spec.policy.decide(ctx)  # type: ignore[union-attr]
+        d = spec.policy.decide(ctx)
         if not d.speculate:
             return DecodePlan(d, [], 1)
         return DecodePlan(d, [r for r in decode if r.draft.capable and self.out.room(r) > 1],
@@ -425,7 +424,7 @@ class EagleWorker:
                 decision = Decision(False, reason=f"{decision.reason}; ran plain")
             # the policy learns the step's own cost: prefill and a cold draft's one-off
             # catch-up (bounded by catchup_window; in the trace's draft_ms) are left out
-            self.spec.policy.observe(  # type: ignore[union-attr]
+            self.spec.policy.observe(
                 decision, total - phases.get("prefill", 0.0) - phases.get("catchup", 0.0),
                 accepted)
         if self.trace.enabled:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.errors import ConfigError
-from workbench.speculative.policy import Always, BatchThreshold, Never, StepTable
+from workbench.policy.policies import Always, BatchThreshold, Never, StepTable
 
 # SGLang 0.5.23 is the version this mapping was read from and is tested against. Adaptive
 # steps landed upstream in sgl-project/sglang PR #21599 and per-batch-size tiers in #24055;

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config import SpecConfig
 from workbench.errors import ConfigError
+from workbench.policy.policies import Always, BatchThreshold, Never, StepTable
 from workbench.remote.adaptive import (
     EAGLE3_DEFAULT_MAX_RUNNING,
     VERIFIED_VERSION,
@@ -57,7 +58,6 @@ from workbench.remote.adaptive import (
     routing_rows,
     tiers_for_policy,
 )
-from workbench.speculative.policy import Always, BatchThreshold, Never, StepTable
 
 if TYPE_CHECKING:
     import pandas as pd

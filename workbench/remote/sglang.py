@@ -27,6 +27,7 @@ from typing import Any
 from workbench.config import SamplingParams, SpecConfig
 from workbench.core import RequestMetrics, RequestOutput
 from workbench.errors import ConfigError, RequestError, RequestFailed
+from workbench.policy.policies import BatchThreshold, StepTable
 from workbench.remote.launch import (
     DEFAULT_SPEC,
     SIMULATE_ACC_LEN_ENV,
@@ -34,7 +35,6 @@ from workbench.remote.launch import (
     launch_command,
     launch_plan,
 )
-from workbench.speculative.policy import BatchThreshold, StepTable
 from workbench.trace import events as ev
 from workbench.trace.tracer import NULL_TRACER
 

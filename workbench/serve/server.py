@@ -258,7 +258,7 @@ def limits_from_args(ns: argparse.Namespace) -> ServeLimits:
 def spec_from_args(ns: argparse.Namespace) -> Any:
     """``serve --draft`` flags → SpecConfig with the named policy (ConfigError if invalid)."""
     import workbench as wb
-    from workbench.speculative import policy as pol
+    from workbench.policy import policies as pol
 
     if ns.policy == "always":
         policy: Any = pol.Always()

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import WorkbenchError
-from workbench.speculative.policy import Always, BatchThreshold, Never, Policy
+from workbench.policy.policies import Always, BatchThreshold, Never, Policy
 from workbench.trace.events import Event, Prefill, Verified
 from workbench.trace.tracer import trace
 from workbench.viz import figures

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 # Instruction-set flags that change which CPU kernels are fastest (oneDNN, Inductor, MKL).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",

@@ -13,7 +13,7 @@ tokens it accepted (bonus excluded; empty on plain steps).
   ``BatchThreshold.from_cost_model`` puts n where this machine's cost model crosses over.
 * ``StepTable``: SGLang/vLLM-style tiers, one (S, K, N) or off per decode-batch range.
 * ``RandomFlip``: on/off at random every step (losslessness and stress tests).
-* ``Goodput`` (in :mod:`workbench.speculative.goodput`): per step, the (S, K, N) or off that
+* ``Goodput`` (in :mod:`workbench.policy.goodput`): per step, the (S, K, N) or off that
   maximises expected tokens/s under a measured cost model and online per-depth acceptance
   estimates (with hysteresis and probing).
 * ``RecordingPolicy``: wraps any of them and records every step (batch, decision, ms, accepted).
@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from workbench.config import tree_shape_problem
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from workbench.speculative.costmodel import CostModel, Crossover
+    from workbench.policy.costmodel import CostModel, Crossover
 
 Shape = tuple[int, int, int]  # (S draft steps, K top-k, N verified nodes incl. the root)
 
@@ -116,6 +115,26 @@ class RecordingPolicy:
         self.rows.append(StepRecord(ctx.decode_batch if ctx else 0, decision, measured_ms,
                                     tuple(accepted), ctx.context_tokens if ctx else 0))
         self.inner.observe(decision, measured_ms, accepted)
+
+
+def max_draft_tokens(num_steps: int, topk: int) -> int:
+    """The most tree nodes a draft of ``num_steps`` expansions of the top-``topk`` frontier can
+    offer, root included: k children per step, k·s + 1 (SpecConfig and policy shapes)."""
+    return topk * num_steps + 1
+
+
+def tree_shape_problem(num_steps: int, topk: int, num_draft_tokens: int,
+                       n_name: str = "") -> str | None:
+    """The tree-shape rule an (S, K, N) breaks, in words (``None`` when it breaks none): a
+    chain (topk=1) verifies exactly S+1 nodes; a tree at most :func:`max_draft_tokens`.
+    SpecConfig and the policies' candidate shapes both check it; ``n_name`` names N in the
+    budget message when the caller's field does not."""
+    s, k, n = num_steps, topk, num_draft_tokens
+    if k == 1 and n != s + 1:
+        return f"topk=1 (chain) forces num_draft_tokens = num_steps + 1 = {s + 1}, got {n}"
+    if n > max_draft_tokens(s, k):
+        return f"{n_name}{n} > topk·num_steps+1 = {max_draft_tokens(s, k)}"
+    return None
 
 
 def check_shape(shape: Sequence[int], where: str) -> Shape:

@@ -13,34 +13,24 @@ components — the target forward (with the LM head) and one draft forward — c
 (tree step 0 reuses the logits of the last extend; steps 1..S−1 run the draft over the K
 frontier nodes of every request; the extend after verify feeds τ accepted tokens per request).
 The overheads (schedule, sampling, tree build, accept/commit bookkeeping) are fitted from
-residuals of whole measured steps. ``fit`` takes samples; ``calibrate`` measures an engine;
-``observe``/``observe_step`` refresh the model online with an EMA of measured/predicted.
-``crossover`` predicts the decode batch where plain decoding catches up with speculation
-(``BatchThreshold.from_cost_model``), at an accept length ``measure_tau`` measures.
+residuals of whole measured steps. ``fit`` takes samples (``workbench.engine.calibrate``
+measures them on a live engine); ``observe``/``observe_step`` refresh the model online with an
+EMA of measured/predicted. ``crossover`` predicts the decode batch where plain decoding catches
+up with speculation (``BatchThreshold.from_cost_model``), at an accept length
+(:class:`Acceptance`) that ``workbench.engine.calibrate.measure_tau`` measures.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from workbench.errors import ConfigError
-from workbench.speculative.policy import (
-    Always,
-    Decision,
-    Never,
-    RecordingPolicy,
-    StepRecord,
-    check_shape,
-    depth_rates,
-)
 
 KINDS = ("target", "draft", "plain_overhead", "spec_overhead")
 STEP_KINDS = ("plain", "spec")
@@ -271,170 +261,6 @@ class Crossover:
         return {**asdict(self), "shape": list(self.shape), "reason": self.reason()}
 
 
-# -- calibration against a live engine ---------------------------------------------------------
-def _sync(device: str) -> None:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-@torch.inference_mode()
-def _time_forwards(engine: Any, batch: int, q: int, context: int, repeats: int,
-                   draft: bool) -> float:
-    """Min ms of one target (or draft) forward over ``batch`` requests × ``q`` new tokens at
-    ``context`` tokens of history, on scratch KV blocks that are released afterwards."""
-    pool, dev = engine.pool, engine.config.device
-    blocks: list[list[int]] = [[] for _ in range(batch)]
-    try:
-        for bl in blocks:
-            pool.reserve(bl, context + q)
-        write = torch.cat([pool.slots(bl, context, context + q) for bl in blocks]).to(dev)
-        kv = [pool.slots(bl, 0, context + q).to(dev) for bl in blocks]
-        vocab = engine.model_config.vocab_size
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(1, vocab, (batch * q,), generator=g).to(dev)
-        positions = torch.arange(context, context + q).repeat(batch).to(dev)
-        if draft:
-            d = engine.draft
-            hidden = torch.randn(batch * q, d.config.hidden_size, generator=g).to(
-                device=dev, dtype=d.lm_head.weight.dtype)
-
-            def run() -> None:
-                engine.draft_attn.plan(write, [q] * batch, kv)
-                d(tokens, hidden, positions, engine.draft_attn)
-        else:
-            def run() -> None:
-                engine.attn.plan(write, [q] * batch, kv)
-                h, _ = engine.target(tokens, positions, engine.attn, engine.aux_layers)
-                engine.target.logits(h)
-        best = float("inf")
-        for _ in range(repeats + 1):  # +1: the first call pays allocator/first-use costs
-            _sync(dev)
-            t0 = time.perf_counter()
-            run()
-            _sync(dev)
-            best = min(best, (time.perf_counter() - t0) * 1e3)
-        return best
-    finally:
-        for bl in blocks:
-            pool.release(bl)
-
-
-def calibrate(engine: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), repeats: int = 2,
-              context: int = 128, contexts: Sequence[int] | None = None,
-              shape: Sequence[int] = (5, 4, 16), steps: bool = True,
-              step_batches: Sequence[int] | None = None, step_tokens: int = 12,
-              ema: float = 0.1, progress: bool = False) -> CostModel:
-    """Measure ``engine`` and fit a CostModel.
-
-    1. Components on scratch KV (released afterwards, nothing stays allocated): the target
-       forward + LM head over B·1 and B·N new tokens, the draft forward over B·1 and B·K, for B
-       in ``batch_sizes`` and every context in ``contexts`` (default: ``(context,)``; give two
-       or more to fit the attention term c). Each point is the min of ``repeats`` runs.
-    2. With ``steps``: short greedy ``generate`` runs (plain via ``Never`` with a cold
-       draft, speculative via ``Always`` at ``shape``) at ``step_batches`` (default: up to 3
-       of ``batch_sizes``); a measured step minus its predicted components is an overhead
-       residual, and the median residual per (kind, decode batch) is one overhead sample:
-       one step that a busy machine preempted must not tilt the fit (it moves ``crossover``
-       the most).
-    The engine's stats are restored afterwards.
-    """
-    from tqdm.auto import tqdm
-
-    from workbench.config import SamplingParams, SpecConfig
-
-    s, k, n = check_shape(tuple(shape), "calibrate.shape")
-    ctxs = tuple(contexts or (context,))
-    has_draft = engine.draft is not None and engine.draft_attn is not None
-    free_tokens = len(engine.pool.free) * engine.pool.page_size
-    bs = [b for b in batch_sizes if b * (-(-(max(ctxs) + n) // engine.pool.page_size)) *
-          engine.pool.page_size <= free_tokens]
-    if not bs:
-        raise ConfigError("calibrate: the KV pool has no room for the smallest batch")
-    points = [(c, b, q, False) for c in ctxs for b in bs for q in (1, n)]
-    if has_draft:
-        points += [(c, b, q, True) for c in ctxs for b in bs for q in sorted({1, k})]
-    samples: list[CostSample] = []
-    for c, b, q, is_draft in tqdm(points, desc="calibrate", unit="pt", disable=not progress):
-        ms = _time_forwards(engine, b, q, c, repeats, is_draft)
-        samples.append(CostSample("draft" if is_draft else "target", b * q, ms, c))
-    model = CostModel.fit(samples, ema=ema)
-    if not steps:
-        return model
-    saved = engine.stats.snapshot()  # the live engine keeps its stats object: restored in place
-    engine.stats.reset()
-    try:
-        sb = list(step_batches or bs[:: max(1, len(bs) // 3)][:3])
-        sb = [b for b in sb if b <= engine.config.max_batch_size]
-        vocab = engine.model_config.vocab_size
-        g = torch.Generator().manual_seed(1)
-        sp = SamplingParams(max_new_tokens=step_tokens, ignore_eos=True)
-        kinds = ("plain", "spec") if has_draft else ("plain",)
-        residuals: dict[tuple[str, int], list[float]] = {}
-        for b in tqdm(sb, desc="calibrate steps", unit="batch", disable=not progress):
-            prompts = [torch.randint(1, vocab, (context,), generator=g).tolist()
-                       for _ in range(b)]
-            for kind in kinds:
-                # plain steps with a cold draft: the overhead fitted is a plain step's own
-                # (``plain_step_ms(warm=True)`` adds the draft extend on top)
-                spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n,
-                                  policy=Never() if kind == "plain" else Always(),
-                                  draft_state="cold" if kind == "plain" else "auto") \
-                    if has_draft else None
-                for r in _measure_steps(engine, prompts, sp, spec)[1:]:
-                    # (the first decode step pays first-use costs)
-                    d, acc = r.decision, r.accepted
-                    if not d.speculate:
-                        pred = model.plain_step_ms(r.batch, context, warm=False,
-                                                   scaled=False)
-                    else:
-                        tau = 1.0 + (sum(acc) / len(acc) if acc else 0.0)
-                        pred = model.spec_step_ms(r.batch, d.num_steps, d.topk,
-                                                  d.num_draft_tokens, tau, context, scaled=False)
-                    residuals.setdefault((kind, r.batch), []).append(r.ms - pred)
-    finally:
-        engine.stats.restore(saved)
-    samples += [CostSample(f"{kind}_overhead", batch, float(np.median(ms)), context)
-                for (kind, batch), ms in residuals.items()]
-    return CostModel.fit(samples, ema=ema)
-
-
-def _measure_steps(engine: Any, prompts: list[list[int]], sp: Any,
-                   spec: Any) -> list[StepRecord]:
-    """Run ``prompts`` together; one record per pure decode step (no prefill chunk): the
-    policy's (through a :class:`RecordingPolicy`), or with ``spec`` None a plain one timed here
-    (decision "baseline")."""
-    rec = None
-    if spec is not None:
-        rec = RecordingPolicy(spec.policy)
-        spec = replace(spec, policy=rec)
-    previous = engine.spec
-    engine.set_spec(spec)
-    rows: list[StepRecord] = []
-    rids: list[int] = []
-    try:
-        rids.extend(engine.add_request(p, sp) for p in prompts)
-        live = set(rids)
-        while live:
-            prefilling = any(engine.requests[r].in_prefill for r in live)
-            decoding = sum(1 for r in live if not engine.requests[r].in_prefill)
-            n_rec = len(rec.rows) if rec is not None else 0
-            t0 = time.perf_counter()
-            outs = engine.step()
-            ms = (time.perf_counter() - t0) * 1e3
-            live -= {o.rid for o in outs if o.finished}
-            if prefilling or not decoding:
-                continue
-            if rec is not None and len(rec.rows) > n_rec:
-                rows.append(rec.rows[-1])
-            elif rec is None:
-                rows.append(StepRecord(decoding, Decision(False, reason="baseline"), ms, ()))
-    finally:
-        for r in rids:  # no-op for finished ones; frees KV if a step raised
-            engine.abort(r)
-        engine.set_spec(previous)
-    return rows
-
-
 @dataclass(frozen=True)
 class Acceptance:
     """A measured accept length: τ (bonus included) over ``samples`` request-steps that
@@ -450,38 +276,3 @@ class Acceptance:
     def seed(self) -> dict[int, tuple[float, ...]]:
         """``{topk: rates}`` for ``Goodput(accept_seed=...)`` (empty when not measured)."""
         return {self.topk: self.rates} if self.topk and self.rates else {}
-
-
-def measure_tau(engine: Any, prompts: Sequence[Any], shape: Sequence[int] = (5, 4, 16),
-                max_new_tokens: int = 32, batch: int = 8) -> Acceptance:
-    """τ of ``shape`` on the workload's own prompts: the first ``batch`` of ``prompts`` run
-    together, greedy, speculating every step (``Always``); τ = 1 + the mean draft tokens a
-    speculating request accepted per step, with the per-depth rates that seed ``Goodput``
-    (``Acceptance.seed``). Acceptance depends on the prompts and models, not on the batch. The
-    engine's stats are restored afterwards."""
-    from workbench.config import SamplingParams, SpecConfig
-
-    s, k, n = check_shape(tuple(shape), "measure_tau.shape")
-    if engine.draft is None:
-        raise ConfigError("measure_tau: the engine has no draft model")
-    if not prompts or batch < 1:
-        raise ConfigError(f"measure_tau: need prompts and batch >= 1, got {len(prompts)} "
-                          f"prompts, batch {batch}")
-    rec = RecordingPolicy(Always())
-    spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=rec)
-    saved = engine.stats.snapshot()
-    engine.stats.reset()
-    try:
-        engine.generate(list(prompts[:batch]),
-                        SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
-                        spec=spec)
-    finally:
-        engine.stats.restore(saved)
-    steps = [r for r in rec.rows if r.decision.speculate and r.accepted]
-    accepted = [a for r in steps for a in r.accepted]
-    if not accepted:
-        raise ConfigError(f"measure_tau: no speculative step ran on {min(batch, len(prompts))} "
-                          f"prompts with max_new_tokens {max_new_tokens}")
-    return Acceptance(1.0 + float(np.mean(accepted)),
-                      float(np.mean([r.context for r in steps])), len(accepted), k,
-                      tuple(depth_rates(accepted, min(s, n - 1))))

@@ -10,9 +10,9 @@ import pytest
 
 import workbench as wb
 from workbench.engine import policy_init
-from workbench.speculative.costmodel import CostModel, LinearCost
-from workbench.speculative.goodput import Goodput
-from workbench.speculative.policy import BatchThreshold, PolicyContext
+from workbench.policy.costmodel import CostModel, LinearCost
+from workbench.policy.goodput import Goodput
+from workbench.policy.policies import BatchThreshold, PolicyContext
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13]]
 SP = wb.SamplingParams(max_new_tokens=6)

@@ -1,17 +1,13 @@
 """The cost model's crossover, ``BatchThreshold.from_cost_model``, the one step recorder
-(``RecordingPolicy``) and ``measure_tau``: hand-built cost models give exact thresholds."""
+(``RecordingPolicy``) and the measured acceptance: hand-built cost models give exact thresholds."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import workbench as wb
-from workbench.bench.concurrency import default_arms, policy_bases
-from workbench.speculative.costmodel import Acceptance, CostModel, LinearCost, measure_tau
-from workbench.speculative.policy import (
+from workbench.policy.costmodel import Acceptance, CostModel, LinearCost
+from workbench.policy.policies import (
     BatchThreshold,
     Decision,
     PolicyContext,
@@ -99,28 +95,6 @@ def test_recording_policy_records_and_forwards() -> None:
     assert seen == [(d1, 3.5, [1, 0]), (d2, 1.5, [])]  # the inner policy still learns
 
 
-@pytest.fixture(scope="module")
-def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=random_head,
-                                  config=wb.EngineConfig(max_batch_size=16))
-    yield e
-    e.close()
-
-
-def test_measure_tau_restores_stats_and_frees_kv(engine: wb.Engine) -> None:
-    steps_before = dict(engine.stats.steps)
-    acc = measure_tau(engine, [[5, 6, 7, 8], [9, 10, 11], [12, 13]], (2, 2, 4),
-                      max_new_tokens=6)
-    # a random head accepts nothing: every speculating request-step emits the bonus token only
-    assert acc.tau == 1.0 and acc.samples > 0 and acc.context > 2
-    # the per-depth rates Goodput starts from: depth 1 never accepted, deeper never reached
-    assert acc.topk == 2 and acc.rates == (0.0,) and acc.seed() == {2: (0.0,)}
-    assert engine.stats.steps == steps_before
-    assert engine.kv_usage()["used_blocks"] == 0
-    with pytest.raises(wb.ConfigError, match="measure_tau"):
-        measure_tau(engine, [], (2, 2, 4))
-
-
 def test_acceptance_rates_telescope_to_tau() -> None:
     """Pooled rates: Π_{j≤d} a_j = #(m ≥ d)/#requests, so 1 + Σ_d Π a_j is exactly τ."""
     accepted = [0, 1, 3, 3, 2, 0, 3]
@@ -131,20 +105,3 @@ def test_acceptance_rates_telescope_to_tau() -> None:
         tau += p
     assert tau == pytest.approx(1.0 + sum(accepted) / len(accepted))
     assert Acceptance(tau, 0.0, len(accepted)).seed() == {}  # not measured per depth
-
-
-def test_default_arms_threshold_auto_and_forced(engine: wb.Engine) -> None:
-    spec = wb.SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
-    arms = default_arms(engine, spec=spec, cost_model=hand_model(), tau=3.0, flips=False)
-    th = arms["threshold"]
-    assert th is not None and th.policy == BatchThreshold(8) and th.draft_state == "auto"
-    basis = policy_bases(arms)
-    assert list(basis) == ["threshold"] and basis["threshold"]["n"] == 8
-    assert basis["threshold"]["policy"] == "BatchThreshold(n=8)"
-    forced = default_arms(engine, spec=spec, cost_model=hand_model(), threshold=4, flips=False)
-    assert forced["threshold"] is not None and forced["threshold"].policy == BatchThreshold(4)
-    assert policy_bases(forced) == {}
-    with pytest.raises(wb.ConfigError, match="prompts= .* or tau="):
-        default_arms(engine, spec=spec, cost_model=hand_model(), flips=False)
-    with pytest.raises(wb.ConfigError, match="default_arms.threshold"):
-        default_arms(engine, spec=spec, cost_model=hand_model(), threshold="8", flips=False)

@@ -1,9 +1,9 @@
 """``Goodput``: per step, the candidate (S, K, N) — or off — that maximises expected tokens/s
-under a measured cost model (:mod:`workbench.speculative.costmodel`) and online per-depth
+under a measured cost model (:mod:`workbench.policy.costmodel`) and online per-depth
 acceptance estimates, with hysteresis, probing while off and exploring while on.
 
 The other policies and the shared nouns (PolicyContext, Decision, shapes) are in
-:mod:`workbench.speculative.policy`.
+:mod:`workbench.policy.policies`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from workbench.errors import ConfigError
-from workbench.speculative.policy import (
+from workbench.policy.policies import (
     Decision,
     PolicyContext,
     Shape,
@@ -23,7 +23,7 @@ from workbench.speculative.policy import (
 )
 
 if TYPE_CHECKING:
-    from workbench.speculative.costmodel import CostModel
+    from workbench.policy.costmodel import CostModel
 
 
 def tau_of(rates: Sequence[float]) -> float:
@@ -45,13 +45,13 @@ class Goodput:
     Expected rate of a candidate at decode batch B: τ·B / spec_step_ms(B, S, K, N), where
     τ = 1 + Σ_{d≤D} Π_{j≤d} a_j, D = min(S, N−1), and a_d is the online (EMA) estimate of
     P(accept depth d | depth d−1 accepted). Off: B / plain_step_ms(B). Times come from
-    ``cost_model`` (see ``workbench.speculative.costmodel``), refreshed online from measured steps;
+    ``cost_model`` (see ``workbench.policy.costmodel``), refreshed online from measured steps;
     with a cold draft plain steps are predicted without the draft extend (the one-off catch-up
     at switch-on is not charged: hysteresis keeps switches rare).
 
     Acceptance estimates are kept per top-K (tree width changes per-depth acceptance; depth
     does not). They start from ``accept_seed`` where given — per-depth rates measured on this
-    engine and workload (``costmodel.measure_acceptance(...).seed()``), each counting as
+    engine and workload (``engine.calibrate.measure_tau(...).seed()``), each counting as
     ``seed_weight`` observations — and at ``prior_accept`` elsewhere (a guess: optimistic by
     default so unexplored shapes get tried). A
     speculating request that accepted m tokens counts a success at depths 1..m and a failure at
