@@ -1,6 +1,6 @@
 """Constants of the lab tests (imported by conftest and the tests: tests/lab is on the path)."""
 
-from workbench.speculative.costmodel import CostModel, LinearCost
+from workbench.policy.costmodel import CostModel, LinearCost
 
 SHAPE = (5, 4, 16)
 MAX_NEW = 40

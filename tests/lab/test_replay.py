@@ -27,8 +27,8 @@ from workbench.lab.record import RecordedRun
 from workbench.lab.replay import measured_acceptance, replay
 from workbench.lab.sim import Oracle, Simulator
 from workbench.lab.trees import accepted, bs1_accept_lengths, check_recorded
-from workbench.speculative.goodput import Goodput
-from workbench.speculative.policy import Always, Decision, Never, PolicyContext, RecordingPolicy
+from workbench.policy.goodput import Goodput
+from workbench.policy.policies import Always, Decision, Never, PolicyContext, RecordingPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 

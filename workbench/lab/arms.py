@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError
-from workbench.speculative.policy import (
+from workbench.policy.policies import (
     Always,
     BatchThreshold,
     Decision,
@@ -197,7 +197,7 @@ def make_policy(name: str, inputs: ArmInputs) -> Any:
             raise ConfigError(f"--policy {name}: expected table:LO-HI=SHAPE,...")
         return step_table(arg)
     if base == "goodput":
-        from workbench.speculative.goodput import Goodput
+        from workbench.policy.goodput import Goodput
 
         acc = _need(inputs, name, acceptance=False)
         return Goodput(inputs.cost_model.copy(), candidates=goodput_candidates(shape),

@@ -55,7 +55,7 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
 
 
 def shape_arg(text: str, flag: str) -> tuple[int, int, int]:
-    from workbench.speculative.policy import check_shape
+    from workbench.policy.policies import check_shape
 
     try:
         s, k, n = (int(x) for x in str(text).split(","))
@@ -79,11 +79,11 @@ def cmd_record(ns: argparse.Namespace) -> int:
 
     import workbench as wb
     from workbench.bench.cli_args import engine_config
-    from workbench.bench.machine import loadavg, machine_info
     from workbench.bench.workloads import read_prompts_file
+    from workbench.engine.calibrate import calibrate
     from workbench.lab.record import record
     from workbench.lab.trees import bs1_accept_lengths
-    from workbench.speculative.costmodel import calibrate
+    from workbench.machine import loadavg, machine_info
 
     shape = shape_arg(ns.shape, "--shape")
     prompts = read_prompts_file(ns.prompts_file)

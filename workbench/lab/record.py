@@ -141,7 +141,7 @@ def record(engine: Any, prompts: Sequence[str | Sequence[int]], shape: Sequence[
     from tqdm.auto import tqdm
 
     from workbench.config import SamplingParams, SpecConfig
-    from workbench.speculative.policy import Decision, Never, check_shape
+    from workbench.policy.policies import Decision, Never, check_shape
 
     s, k, n = check_shape(tuple(shape), "lab record --shape")
     if engine.draft is None:

@@ -25,8 +25,8 @@ from workbench.lab.arms import ArmInputs, make_policy, policy_shapes, split_poli
 from workbench.lab.record import RecordedRun
 from workbench.lab.sim import LevelResult, Oracle, Simulator
 from workbench.lab.trees import check_recorded
-from workbench.speculative.costmodel import Acceptance, CostModel
-from workbench.speculative.policy import Always, Shape, depth_rates
+from workbench.policy.costmodel import Acceptance, CostModel
+from workbench.policy.policies import Always, Shape, depth_rates
 
 ORACLE_N = (2, 3, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 

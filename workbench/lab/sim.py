@@ -38,8 +38,8 @@ import numpy as np
 
 from workbench.lab.record import RecordedRun
 from workbench.lab.trees import accepted
-from workbench.speculative.costmodel import CostModel
-from workbench.speculative.policy import Decision, PolicyContext, Shape, shape_name
+from workbench.policy.costmodel import CostModel
+from workbench.policy.policies import Decision, PolicyContext, Shape, shape_name
 
 AUTO_WARM_STEPS = 8  # engine/worker.py: an off stretch keeps the draft warm this many steps
 AUTO_CATCHUP_ROWS = 32  # engine/worker.py: auto's cap when catchup_window is None

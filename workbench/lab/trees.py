@@ -19,7 +19,7 @@ import torch
 from workbench.core import DraftTree
 from workbench.errors import ConfigError
 from workbench.lab.record import RecordedRun, num_candidates
-from workbench.speculative.policy import Shape, check_shape, shape_name
+from workbench.policy.policies import Shape, check_shape, shape_name
 from workbench.speculative.tree import build_tree
 
 
