@@ -41,3 +41,21 @@ def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
 
+@pytest.fixture(autouse=True)
+def machine_conditions(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
+    """The machine's load is an input of the provisional-choice rule (engine/contention.py):
+    every test runs on a machine that reads as quiet (other processes 0 cores, no steal) unless
+    it sets ``machine_conditions["others"]`` / ``["steal"]``; the window itself is measured."""
+    import dataclasses
+
+    from workbench.engine import contention
+
+    state = {"others": 0.0, "steal": 0.0}
+    real = contention.between
+
+    def pinned(a: object, b: object, drift: float | None = None) -> contention.Conditions:
+        c = real(a, b, drift)  # type: ignore[arg-type]
+        return dataclasses.replace(c, others=state["others"], steal=state["steal"], load1=0.0)
+
+    monkeypatch.setattr(contention, "between", pinned)
+    return state

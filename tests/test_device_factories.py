@@ -73,6 +73,8 @@ CHECKED = (
 OFF_STEP_PATH: dict[str, str] = {
     "engine/__init__.py": "re-exports",
     "engine/autotune.py": "init stage: times host GEMMs on CPU weights",
+    "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
+                            "times host GEMMs on CPU weights between steps",
     "engine/policy_init.py": "init stage / set_spec: calibrates through the engine's own steps",
     "models/__init__.py": "re-exports",
     "models/config.py": "config parsing",

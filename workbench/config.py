@@ -40,6 +40,9 @@ class EngineConfig:
     # measures it against eager, "auto" compiles only where that measurement found it faster
     # on this machine kind and model (cached verdict), "off" never
     compile: Literal["auto", "on", "off"] = "auto"
+    # "adapt": on a contended CPU the thread count is measured at init and re-measured while
+    # the engine runs (engine/contention.py); "off": torch's thread count throughout
+    contention: Literal["adapt", "off"] = "adapt"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -75,6 +78,8 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"EngineConfig.compile: {self.compile!r} not in auto/on/off")
+        if self.contention not in ("adapt", "off"):
+            raise ConfigError(f"EngineConfig.contention: {self.contention!r} not in adapt/off")
         for name in ("self_check", "allow_baseline_fallback", "cuda_graphs",
                      "cuda_graphs_fallback", "overlap_schedule"):
             if not isinstance(getattr(self, name), bool):

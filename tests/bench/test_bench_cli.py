@@ -53,7 +53,7 @@ def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """P1's bound next to the speedup: verify_ratio and bound = τ / verify_ratio per arm."""
     import workbench as wb
-    from workbench.bench.spec import run_spec_bench
+    from workbench.bench.spec import ceiling_lines, run_spec_bench
     from workbench.models.synthetic import write_random_head
 
     monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
@@ -67,3 +67,43 @@ def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
     assert s.loc["tree", "bound"] == pytest.approx(s.loc["tree", "tau"] /
                                                    s.loc["tree", "verify_ratio"])
     assert pd.isna(s.loc["baseline", "bound"])
+    # the ceiling beside the speedup: τ / (verify + drafts) in plain-step units, same run
+    tree = s.loc["tree"]
+    assert tree["draft_ratio"] > 0 and tree["overhead"] > -1.0
+    assert tree["ceiling"] == pytest.approx(tree["tau"] / (tree["verify_ratio"] +
+                                                           tree["draft_ratio"]))
+    assert tree["of_ceiling"] == pytest.approx(tree["speedup"] / tree["ceiling"])
+    (line,) = ceiling_lines(res.summary)
+    assert line.startswith(f"tree: {tree['speedup']:.2f}x of a ceiling {tree['ceiling']:.2f}x")
+
+
+def test_strict_refuses_a_run_on_provisional_choices(
+        micro_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        machine_conditions: dict[str, float], capsys: pytest.CaptureFixture[str]) -> None:
+    """A busy machine: the run says so on its first line, the GEMM choice measured then is
+    provisional, the saved result names it with its conditions, and --strict exits 2."""
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    machine_conditions["others"] = 1.0
+    out = tmp_path / "res"
+    argv = ["bench", "spec", "--model", str(micro_target), "--draft", str(tmp_path / "none"),
+            "--prompts", "2", "--max-new-tokens", "4", "--out", str(out)]
+    assert main([*argv, "--strict"]) == 2
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("machine: busy: other processes used 1.00 of ")
+    doc = json.loads((out / "spec_bs1.json").read_text())
+    codes = {f["code"] for f in doc["flags"]}
+    assert {"contended", "provisional_choice"} <= codes
+    assert doc["conditions"]["provisional"] == ["gemm"]
+    (gemm,) = [r for r in doc["conditions"]["choices"] if r["name"] == "gemm"]
+    assert gemm["provisional"] and gemm["others"] == 1.0 and gemm["measured_at"]
+    assert doc["conditions"]["at_start"]["contended"] is True
+    kind = machine_kind(doc["machine"]["cpu"])
+    entry = json.loads((out / f"{kind}.json").read_text())["benchmarks"]["spec"]
+    assert entry["conditions"]["provisional"] == ["gemm"]
+    assert "provisional_choice" in entry["flags"]
+    assert all("provisional_choice" in r["flags"] for r in entry["summary"])
+    machine_conditions["others"] = 0.0  # quiet: measured again, final, and --strict passes
+    assert main([*argv, "--strict"]) in (0, 2)
+    doc = json.loads((out / "spec_bs1.json").read_text())
+    assert doc["conditions"]["provisional"] == []
+    assert not {"contended", "provisional_choice"} & {f["code"] for f in doc["flags"]}

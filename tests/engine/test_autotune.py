@@ -110,15 +110,73 @@ def test_interleaved_min_takes_turns_and_the_least_time() -> None:
     assert set(ms) == {"a", "b"} and ms["a"] < 25.0  # the spike is not the figure
 
 
-def test_a_busy_machine_is_named_in_the_choice(
-        cache: Path, micro_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(autotune, "loadavg", lambda: [64.0, 64.0, 64.0])
-    e = wb.Engine.from_pretrained(micro_target)
-    try:
+def test_a_busy_machine_makes_a_provisional_choice_never_cached(
+        cache: Path, micro_target: Path, machine_conditions: dict[str, float]) -> None:
+    """The rule: a choice measured under contention is used for that run, named provisional
+    with the conditions it was measured at, never written as final; the next quiet start
+    measures again and only that verdict is cached and read back."""
+    machine_conditions["others"] = 1.2  # a neighbour used 1.2 cores while we measured
+    with wb.Engine.from_pretrained(micro_target) as e:
         gemm = e.choices["gemm"]
-        assert gemm["source"] == "measured"
-        assert gemm["note"].startswith("measured at load 64.0 on ")
-    finally:
-        e.close()
-    entry = next(iter(autotune.read_cache(cache).values()))
-    assert entry["gemm"]["note"] == gemm["note"]  # cached with the load it was measured at
+        assert gemm["source"] == "measured" and gemm["provisional"] is True
+        assert gemm["conditions"]["others"] == 1.2 and gemm["conditions"]["contended"]
+        assert gemm["conditions"]["cpu"] and gemm["conditions"]["time"]
+        assert e.target.gemm == gemm["choice"]  # used for this run
+        assert autotune.provisional_names(e.choices) == ["gemm"]
+        assert "PROVISIONAL" in autotune.conditions_line(e.choices)
+    assert not autotune.read_cache(cache)  # nothing final was measured: nothing cached
+    with wb.Engine.from_pretrained(micro_target) as e:  # still busy: measured again
+        assert e.choices["gemm"]["source"] == "measured" and e.choices["gemm"]["provisional"]
+    machine_conditions["others"] = 0.0  # the next quiet start
+    with wb.Engine.from_pretrained(micro_target) as e:
+        assert (e.choices["gemm"]["source"], e.choices["gemm"]["provisional"]) == \
+            ("measured", False)
+        quiet = e.choices["gemm"]
+    (entry,) = autotune.read_cache(cache).values()
+    assert entry["gemm"]["provisional"] is False
+    machine_conditions["others"] = 1.2  # busy again: the quiet verdict is read back
+    with wb.Engine.from_pretrained(micro_target) as e:
+        assert e.choices["gemm"]["source"] == "cached"
+        assert e.choices["gemm"]["choice"] == quiet["choice"]
+        assert e.choices["gemm"]["conditions"]["time"] == quiet["conditions"]["time"]
+        assert autotune.provisional_names(e.choices) == []
+
+
+def test_a_provisional_cache_entry_is_never_read_back_as_final(
+        cache: Path, micro_target: Path) -> None:
+    with wb.Engine.from_pretrained(micro_target) as e:
+        key = autotune.cache_key(e)
+    planted = autotune.Choice("gemm", "onednn", "measured", ("dense", "onednn"),
+                              provisional=True).to_dict()
+    autotune.replace_cache(cache, {key: {"gemm": planted}}, autotune.CACHE_VERSION)
+    with wb.Engine.from_pretrained(micro_target) as e:
+        assert e.choices["gemm"]["source"] == "measured"  # not "cached"
+    assert autotune.final(planted) is None
+    assert autotune.final({**planted, "provisional": False}) is not None
+    # write_cache refuses provisional choices outright
+    autotune.write_cache(cache, "k", {"gemm": autotune.Choice("gemm", "dense", "measured",
+                                                               provisional=True)})
+    assert "k" not in autotune.read_cache(cache)
+
+
+def test_choice_records_name_where_and_at_what_load() -> None:
+    cond = {"cores": 2, "window_s": 1.0, "others": 0.9, "steal": 0.0, "load1": 1.4,
+            "drift": None, "time": "2026-12-01 14:40:00", "contended": True, "cpu": "AMD EPYC"}
+    choices = {
+        "gemm": autotune.Choice("gemm", "onednn", "measured", provisional=True,
+                                conditions=cond).to_dict(),
+        "attention": autotune.Choice("attention", "torch", "only").to_dict(),
+    }
+    recs = autotune.choice_records(choices)
+    assert recs[0] == {"name": "gemm", "choice": "onednn", "source": "measured",
+                       "provisional": True, "measured_at": "2026-12-01 14:40:00",
+                       "cpu": "AMD EPYC", "cores": 2, "load1": 1.4, "others": 0.9,
+                       "steal": 0.0}
+    assert recs[1]["provisional"] is False and recs[1]["measured_at"] is None
+    line = autotune.conditions_line(choices)
+    assert line.startswith("gemm=onednn (measured 2026-12-01 14:40:00, AMD EPYC, load 1.4, "
+                           "others 0.90 of 2 cores: PROVISIONAL)")
+    assert "attention=torch (only)" in line
+    detail = autotune.Choice("gemm", "onednn", "measured", provisional=True,
+                             conditions=cond).detail()
+    assert "PROVISIONAL, measured busy: other processes used 0.90 of 2 cores" in detail

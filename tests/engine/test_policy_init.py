@@ -61,6 +61,25 @@ def test_auto_threshold_measured_then_cached(cache: Path, micro_target: Path,
         assert e.choices["policy"]["cost_model"] == "cached"
 
 
+def test_a_busy_calibration_is_provisional_and_never_cached(
+        cache: Path, micro_target: Path, random_head: Path,
+        machine_conditions: dict[str, float]) -> None:
+    spec = wb.SpecConfig(policy=BatchThreshold("auto"))
+    machine_conditions["others"] = 1.5  # a neighbour used 1.5 cores during the calibration
+    with wb.Engine(micro_target, random_head, CONFIG) as e:
+        e.set_spec(spec)
+        cm = e.choices["policy_costmodel"]
+        assert cm["source"] == "measured" and cm["provisional"] is True
+        assert cm["conditions"]["others"] == 1.5
+    assert not cache.exists()  # used for that run, never written as final
+    machine_conditions["others"] = 0.0
+    with wb.Engine(micro_target, random_head, CONFIG) as e:
+        assert stage_detail(e) == "none"  # the next quiet start measures again
+        e.set_spec(spec)
+        assert e.choices["policy_costmodel"]["provisional"] is False
+    assert cache.is_file()
+
+
 def test_goodput_gets_the_cost_model_and_measured_acceptance(cache: Path, micro_target: Path,
                                                              random_head: Path) -> None:
     spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=Goodput(min_dwell=2))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 
 from workbench.bench.cli_bs1 import bench_peers, bench_shapes, bench_spec
-from workbench.bench.cli_output import COMMAND
+from workbench.bench.cli_output import COMMAND, announce_conditions
 from workbench.bench.cli_sweeps import bench_concurrency, bench_http, bench_k0, bench_threshold
 from workbench.errors import ConfigError
 
@@ -65,4 +65,5 @@ def run(ns: argparse.Namespace) -> int:
     if ns.which not in COMMANDS:
         raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
     COMMAND["line"] = command_of(ns)
+    announce_conditions()  # the first line: is the machine busy (figures provisional)?
     return COMMANDS[ns.which](ns)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.cli_output import print_choices
+from workbench.bench.cli_output import print_choices, run_choices
 from workbench.errors import ConfigError
 
 QUICK_LEVELS = (1, 4, 16)
@@ -188,12 +188,13 @@ def sweep(ns: argparse.Namespace, prompt_list: list[str], level_list: tuple[int,
     ref = engine(ns, need_draft=need_draft, max_batch=max(level_list))
     engines: dict[str, Any] = {}
     try:
-        choices = print_choices(ref)
+        print_choices(ref)
         arm_map = arms(ref)
         engines = arm_engines(ns, ref, arm_map, prompt_list, level_list)
         df = run_concurrency(ref, prompt_list, levels=level_list, arms=arm_map,
                              max_new_tokens=max_new(ns), out=ns.out, name=name,
                              repeats=repeats(ns), engines=engines or None)
+        choices = run_choices(ref)
     finally:
         ref.close()
         for e in engines.values():

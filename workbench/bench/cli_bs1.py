@@ -14,27 +14,30 @@ import json
 from pathlib import Path
 
 from workbench.bench import cli_args as args
-from workbench.bench.cli_output import finish, json_records, print_choices, show, stamp
+from workbench.bench.cli_output import finish, json_records, print_choices, run_choices, show, stamp
 
 
 def bench_spec(ns: argparse.Namespace) -> int:
     from workbench.bench.sanity import mark
-    from workbench.bench.spec import run_spec_bench
+    from workbench.bench.spec import ceiling_lines, run_spec_bench
     from workbench.config import SpecConfig
 
     prompts = args.prompts(ns)
     repeats = args.repeats(ns)
     engine = args.engine(ns, need_draft=False)
     try:
-        choices = print_choices(engine)
+        print_choices(engine)
         arms: dict[str, SpecConfig | None] | None = \
             None if engine.draft is not None else {"baseline": None}
         res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=args.max_new(ns),
                              repeats=repeats, bound=engine.draft is not None)
+        choices = run_choices(engine)
     finally:
         engine.close()
     flags = res.flags()
     show("EAGLE-3 vs baseline, bs=1, greedy", mark(res.summary, flags))
+    for line in ceiling_lines(res.summary):
+        print(line)
     path = res.save(ns.out)
     stamp(path, flags, res.machine.get("load"), {"engine_choices": choices}, "spec",
           mark(res.summary, flags))
@@ -69,11 +72,12 @@ def bench_peers(ns: argparse.Namespace) -> int:
     try:
         spec = shape if engine.draft is not None else None
         assistant = _assistant(ns, engine.model_path)
-        choices = print_choices(engine)
+        print_choices(engine)
         with LoadSampler() as load:
             rows, summary, machine = run_peers(
                 engine, prompts, max_new_tokens=args.max_new(ns), spec=spec,
                 assistant=assistant, repeats=repeats, compiled=not getattr(ns, "quick", False))
+        choices = run_choices(engine)
     finally:
         engine.close()
     flags = sanity_flags(summary, load=load.as_dict())

@@ -16,6 +16,23 @@ import pandas as pd
 
 # the running command line (set by ``workbench.bench.cli.run``), for the per-machine results file
 COMMAND: dict[str, str] = {}
+# the machine's conditions when the run started (``workbench.bench.cli.run``: Conditions dict)
+RUN: dict[str, Any] = {}
+
+
+def announce_conditions(window_s: float = 0.3) -> dict[str, Any]:
+    """Look at the machine for ``window_s`` and print the run's first line: quiet, or busy and
+    why (every figure of a busy run is provisional). Kept in :data:`RUN` for the stamps."""
+    from workbench.engine.contention import measure
+
+    c = measure(window_s)
+    RUN["conditions"] = c.to_dict()
+    if c.contended:
+        print(f"machine: {c.describe()} — every figure of this run is provisional; the engine "
+              "adapts its thread count and caches no choice measured now")
+    else:
+        print(f"machine: {c.describe()}")
+    return RUN["conditions"]
 
 
 def show(title: str, df: pd.DataFrame) -> None:
@@ -24,12 +41,31 @@ def show(title: str, df: pd.DataFrame) -> None:
 
 
 def print_choices(engine: Any) -> dict[str, Any]:
-    """The engine's measured / forced choices (``Engine.choices``), printed once."""
+    """The engine's measured / forced choices (``Engine.choices``), printed once, with the
+    provisional ones named."""
+    from workbench.engine.autotune import provisional_names
+
     ch = dict(getattr(engine, "choices", None) or {})
     if ch:
         shown = [f"{k}={v.get('choice', v) if isinstance(v, dict) else v}"
                  for k, v in ch.items()]
         print("engine choices: " + ", ".join(shown))
+        busy = provisional_names(ch)
+        if busy:
+            print(f"provisional (measured under contention, not cached): {', '.join(busy)}")
+    return ch
+
+
+def run_choices(engine: Any) -> dict[str, Any]:
+    """The engine's choices after a run (the contention monitor may have re-measured the
+    thread count meanwhile), with its adaptations under ``"adaptations"`` when there were."""
+    ch = dict(getattr(engine, "choices", None) or {})
+    mon = getattr(engine, "contention", None)
+    if mon is not None and mon.log:
+        ch["adaptations"] = {"choice": f"{len(mon.log)} thread-count re-measurement(s)",
+                             "source": "measured", "provisional": True,
+                             "log": [{"reason": a.reason, "before": a.before, "after": a.after,
+                                      "conditions": a.conditions} for a in mon.log]}
     return ch
 
 
@@ -42,21 +78,36 @@ def stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
           summary: pd.DataFrame | None = None) -> None:
     """Add machine, load, flags (and ``extra``, e.g. the engine's choices) to a saved JSON;
     with ``bench`` and ``summary`` also merge them into the machine kind's results file
-    (``workbench.bench.results``: ``<out>/<kind>.json``)."""
+    (``workbench.bench.results``: ``<out>/<kind>.json``).
+
+    The result's conditions go with it: the run-start conditions (:data:`RUN`), and per
+    engine choice where and at what load it was measured (``choices``: autotune's
+    ``choice_records``). ``flags`` gains (in place, so ``finish`` and ``--strict`` see them)
+    a ``contended`` flag for a busy start and a ``provisional_choice`` flag for a run on
+    choices measured under contention."""
     from workbench.bench import results
-    from workbench.bench.sanity import report
+    from workbench.bench.sanity import choice_flags, contention_flags, mark, report
+    from workbench.engine.autotune import choice_records, provisional_names
     from workbench.machine import machine_info
 
+    choices = (extra or {}).get("engine_choices")
+    have = {getattr(f, "code", None) for f in flags}
+    flags.extend(f for f in contention_flags(RUN.get("conditions")) + choice_flags(choices)
+                 if f.code not in have)
     doc = json.loads(json_path.read_text()) if json_path.is_file() else {}
     machine = doc.get("machine") or machine_info()
     rep = report(flags, load, machine)
     doc.update(rep)
     doc.update(extra or {})
+    conditions = {"at_start": RUN.get("conditions"),
+                  "choices": choice_records(choices or {}),
+                  "provisional": provisional_names(choices or {})}
+    doc["conditions"] = conditions
     json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     if bench is not None and summary is not None:
-        path = results.record(json_path.parent, bench, json_records(summary), rep,
+        path = results.record(json_path.parent, bench, json_records(mark(summary, flags)), rep,
                               command=COMMAND.get("line"),
-                              extra={"engine_choices": (extra or {}).get("engine_choices")})
+                              extra={"engine_choices": choices, "conditions": conditions})
         print(f"machine results: {path} [{bench}]")
 
 

@@ -21,6 +21,12 @@ with each other. This module gives every ``bench`` result (and a notebook) the m
                        K=0 tax above 5 %)
   ``speedup_above_tau`` a speedup over baseline larger than τ (a speculative step never costs
                        less than a plain one, so speedup ≤ τ: a larger figure is noise)
+  ``contended``        other processes used the CPU when the run started
+                       (:func:`contention_flags`, ``workbench.engine.contention``): every
+                       figure of the run is provisional
+  ``provisional_choice`` the engine ran on a choice measured under contention
+                       (:func:`choice_flags`; ``workbench.engine.autotune``): ``--strict``
+                       refuses the result
   ==================== =====================================================================
 
 * :func:`mark` — adds a ``flags`` column (comma-separated codes, "" when clean) to a table;
@@ -60,7 +66,10 @@ LOADED = "loaded"
 TOK_S_VS_ITL = "tok_s_vs_itl"
 NEVER_VS_BASELINE = "never_vs_baseline"
 SPEEDUP_ABOVE_TAU = "speedup_above_tau"
-CODES = (LOADED, TOK_S_VS_ITL, NEVER_VS_BASELINE, SPEEDUP_ABOVE_TAU)
+CONTENDED = "contended"
+PROVISIONAL_CHOICE = "provisional_choice"
+CODES = (LOADED, TOK_S_VS_ITL, NEVER_VS_BASELINE, SPEEDUP_ABOVE_TAU, CONTENDED,
+         PROVISIONAL_CHOICE)
 
 ITL_TOLERANCE = 0.20  # tok/s vs tokens-per-step × 1000 / ITL p50 at c=1
 NEVER_TOLERANCE = 0.05  # never vs baseline tok/s at the same level
@@ -244,6 +253,33 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
                               f"{_at(r)}: speedup {speed:.2f}× > τ {accept:.2f} (impossible "
                               "without noise)", r))
     return flags
+
+
+def choice_flags(choices: Mapping[str, Any] | None) -> list[Flag]:
+    """One run-wide ``provisional_choice`` flag naming the engine choices (``Engine.choices``)
+    that were measured under contention, with where and at what load; [] when none were."""
+    from workbench.engine.autotune import choice_records
+
+    recs = [r for r in choice_records(choices or {}) if r["provisional"]]
+    if not recs:
+        return []
+    named = "; ".join(f"{r['name']}={r['choice']} measured {r['measured_at']} at load "
+                      f"{r['load1']}, others {r['others']} of {r['cores']} cores" for r in recs)
+    return [Flag(PROVISIONAL_CHOICE, f"ran on provisional choices (measured under contention, "
+                                     f"re-measured at the next quiet start): {named}", None)]
+
+
+def contention_flags(conditions: Mapping[str, Any] | None) -> list[Flag]:
+    """A run-wide ``contended`` flag when the run-start conditions
+    (``workbench.engine.contention.Conditions.to_dict()``) were contended."""
+    if not conditions or not conditions.get("contended"):
+        return []
+    from workbench.engine.contention import Conditions
+
+    c = Conditions(**{k: v for k, v in conditions.items()
+                      if k in Conditions.__dataclass_fields__})
+    return [Flag(CONTENDED, f"the machine was {c.describe()} when the run started: every "
+                            "figure is provisional", None)]
 
 
 def _at(r: Mapping[str, Any]) -> str:

@@ -68,9 +68,13 @@ def run_spec_bench(engine: Any, prompts: list[str],
     Summary per arm: summed tokens / seconds → ``tok_s``, ``speedup`` over baseline, τ, and
     with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
     over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
-    and after is in ``machine["load"]``. With ``bound``, a traced pass over two prompts adds
-    ``verify_ratio`` (median verify ms / median plain step ms) and ``bound`` = τ / verify_ratio:
-    the speedup if drafting, accepting and committing were free."""
+    and after is in ``machine["load"]``. With ``bound``, a traced pass over two prompts (the
+    same run, after the timed one) adds, per speculative arm, in plain-step units (median
+    phase ms / median plain step ms): ``verify_ratio`` and ``draft_ratio``; ``bound`` =
+    τ / verify_ratio (the speedup if drafting were free too); ``ceiling`` = τ / (verify_ratio +
+    draft_ratio), the speedup if everything else a step does — schedule, accept, commit,
+    extend, Python — were free; ``of_ceiling`` = speedup / ceiling; and ``overhead`` = (step −
+    verify − draft) / (verify + draft), the per-step overhead (median spec step)."""
     from workbench.bench.sanity import LoadSampler, mean_ci
 
     if repeats < 1:
@@ -114,21 +118,28 @@ def run_spec_bench(engine: Any, prompts: list[str],
                 _, lo, hi = mean_ci(ratio)
                 g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
     if bound:
-        for name, ratio in _verify_ratios(engine, prompts[:2], arms, sp).items():
-            g.loc[name, "verify_ratio"] = ratio
-            g.loc[name, "bound"] = g.loc[name, "tau"] / ratio
+        for name, cost in step_costs(engine, prompts[:2], arms, sp).items():
+            g.loc[name, "verify_ratio"] = cost["verify_ratio"]
+            g.loc[name, "bound"] = g.loc[name, "tau"] / cost["verify_ratio"]
+            g.loc[name, "draft_ratio"] = cost["draft_ratio"]
+            g.loc[name, "ceiling"] = g.loc[name, "tau"] / (cost["verify_ratio"] +
+                                                           cost["draft_ratio"])
+            g.loc[name, "of_ceiling"] = g.loc[name, "speedup"] / g.loc[name, "ceiling"]
+            g.loc[name, "overhead"] = cost["overhead"]
     machine = machine_info()
     machine["load"] = load.as_dict()
     return SpecBenchResult(df, g.reset_index(), machine)
 
 
-def _verify_ratios(engine: Any, prompts: list[str], arms: dict[str, SpecConfig | None],
-                   sp: SamplingParams) -> dict[str, float]:
-    """Per speculative arm: median verify ms / median plain-step ms, from a separate traced
-    pass (tracing costs time of its own, so it is not the timed one)."""
+def step_costs(engine: Any, prompts: list[Any], arms: dict[str, SpecConfig | None],
+               sp: SamplingParams) -> dict[str, dict[str, float]]:
+    """Per speculative arm, from a separate traced pass (tracing costs time of its own, so it
+    is not the timed one): ``verify_ratio`` and ``draft_ratio`` (median verify / draft phase
+    ms over the median plain step ms) and ``overhead`` ((median spec step − verify − draft) /
+    (verify + draft))."""
     import workbench as wb
 
-    out: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {}
     with wb.trace(engine, events=["StepTiming"]) as tr:
         for p in prompts:
             engine.generate([p], sp)
@@ -141,6 +152,22 @@ def _verify_ratios(engine: Any, prompts: list[str], arms: dict[str, SpecConfig |
             for p in prompts:
                 engine.generate([p], sp, spec=spec)
         t = tr.frame("timing")
-        verify = t[t["mode"] == "spec"]["verify_ms"].median()
-        out[name] = float(verify / plain)
+        steps = t[t["mode"] == "spec"]
+        verify, draft = steps["verify_ms"].median(), steps["draft_ms"].median()
+        out[name] = {"verify_ratio": float(verify / plain), "draft_ratio": float(draft / plain),
+                     "overhead": float(steps["total_ms"].median() / (verify + draft) - 1.0)}
     return out
+
+
+def ceiling_lines(summary: pd.DataFrame) -> list[str]:
+    """One line per arm with a ceiling: the speedup beside the ceiling measured in the run."""
+    lines = []
+    for r in summary.to_dict(orient="records"):
+        if pd.isna(r.get("ceiling", float("nan"))):
+            continue
+        lines.append(
+            f"{r['arm']}: {r['speedup']:.2f}x of a ceiling {r['ceiling']:.2f}x "
+            f"(τ {r['tau']:.2f} / (verify {r['verify_ratio']:.2f} + drafts "
+            f"{r['draft_ratio']:.2f} plain steps)) = {r['of_ceiling']:.2f} of it; per-step "
+            f"overhead {100 * r['overhead']:.0f} % of verify + drafts")
+    return lines

@@ -18,6 +18,19 @@ version, threads, model fingerprint) in a JSON file, so a second start reads it 
 
 Every choice is a :class:`Choice` in ``Engine.choices`` (name → dict), and the stage's detail
 line says what was chosen, from where, with the timings; ``bench`` saves them with results.
+
+**Provisional choices.** Every measurement records the conditions it ran under
+(:class:`~workbench.engine.contention.Conditions`: other processes' CPU use, steal, load, the
+CPU and the time). One taken while the machine was contended is *provisional*: the engine uses
+it for this run, and it is never written to the cache, so the next quiet start measures again
+(twice a verdict measured under load became a machine's default: a GEMM choice "measured at
+load 2.1" halved a later quiet run). A cache entry marked provisional is never read back.
+``bench --strict`` refuses a result that ran on a provisional choice. The thread count is
+measured only when the machine is contended at init (all cores when quiet) and re-measured by
+the engine's :class:`~workbench.engine.contention.ContentionMonitor` while it runs.
+
+For result stamps: :func:`choice_records` (one flat dict per choice: what, how, where, at what
+load, provisional or not), :func:`provisional_names` and :func:`conditions_line`.
 """
 
 from __future__ import annotations
@@ -35,12 +48,15 @@ from typing import Any
 
 import torch
 
-from workbench.machine import cpu_flags, cpu_model, loadavg
+from workbench.engine import contention
+from workbench.machine import cpu_flags, cpu_model
 from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
 
 ENV_CACHE = "WORKBENCH_AUTOTUNE_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "workbench" / "autotune.json"
-CACHE_VERSION = 2  # 2: least-of-interleaved timings (v1 medians could cache a load spike)
+# 2: least-of-interleaved timings (v1 medians could cache a load spike); 3: choices measured
+# under contention are provisional and never cached (v2 cached them, named by a load note)
+CACHE_VERSION = 3
 BUDGET_S = 4.0  # wall-clock budget for all gemm timings at one init
 # a candidate must beat the default by this much to replace it (timing noise on a shared CPU)
 MARGIN = 0.03
@@ -64,6 +80,10 @@ class Choice:
     timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
     note: str = ""
+    # measured while the machine was contended: used for this run, never cached as final
+    provisional: bool = False
+    # where and under what load it was measured (contention.Conditions.to_dict() + "cpu")
+    conditions: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -81,7 +101,23 @@ class Choice:
             parts.append(f"{took}; {labels}: {shown}")
         if self.note:
             parts.append(f"; {self.note}")
+        if self.provisional:
+            busy = contention.Conditions(**_cond_fields(self.conditions)).describe() \
+                if self.conditions else "contended"
+            parts.append(f"; PROVISIONAL, measured {busy}")
         return "".join(parts) + ")"
+
+
+def _cond_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    names = contention.Conditions.__dataclass_fields__
+    return {k: v for k, v in d.items() if k in names}
+
+
+def measured_conditions(a: contention.CpuSample | None,
+                        b: contention.CpuSample | None) -> tuple[bool, dict[str, Any]]:
+    """(provisional, conditions) of a measurement that ran from sample ``a`` to ``b``."""
+    cond = contention.between(a, b)
+    return cond.contended, {**cond.to_dict(), "cpu": cpu_model()}
 
 
 def cache_path() -> Path | None:
@@ -134,15 +170,26 @@ def read_cache(path: Path | None) -> dict[str, Any]:
     return entries if isinstance(entries, dict) else {}
 
 
+def final(entry: Any) -> dict[str, Any] | None:
+    """A cached choice that may be used as this machine's verdict: a dict not marked
+    provisional (a provisional one, hand-copied or from a writer that did not know the rule,
+    is never read back as final)."""
+    if not isinstance(entry, dict) or entry.get("provisional", False) is not False:
+        return None
+    return entry
+
+
 def write_cache(path: Path | None, key: str, choices: Mapping[str, Choice]) -> None:
-    """Merge this key's measured choices into the cache (atomic replace; concurrent writers
-    may drop each other's entry, which only costs a re-measure)."""
-    if path is None:
+    """Merge this key's final measured choices into the cache (atomic replace; concurrent
+    writers may drop each other's entry, which only costs a re-measure). Provisional choices
+    are never written."""
+    keep = {n: c for n, c in choices.items() if c.source == "measured" and not c.provisional}
+    if path is None or not keep:
         return
     entries = read_cache(path)
     old = entries.get(key)
     entry: dict[str, Any] = dict(old) if isinstance(old, dict) else {}
-    entry.update({n: c.to_dict() for n, c in choices.items() if c.source == "measured"})
+    entry.update({n: c.to_dict() for n, c in keep.items()})
     entries[key] = entry
     replace_cache(path, entries, CACHE_VERSION)
 
@@ -277,21 +324,57 @@ def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
     if not onednn_ok(w):
         return Choice("gemm", "dense", "only", ("dense",),
                       note=f"oneDNN packing needs float32 on CPU ({w.dtype} on {w.device})")
-    if cached and cached.get("gemm", {}).get("choice") in ("dense", "onednn"):
-        c = cached["gemm"]
+    c = final((cached or {}).get("gemm"))
+    if c is not None and c.get("choice") in ("dense", "onednn"):
         return Choice("gemm", c["choice"], "cached", tuple(c.get("candidates", ())),
-                      c.get("timings_ms", {}), c.get("seconds", 0.0))
+                      c.get("timings_ms", {}), c.get("seconds", 0.0),
+                      conditions=c.get("conditions", {}))
     t0 = time.perf_counter()
     cands = ("dense", "onednn")
-    load = loadavg()
+    a = contention.cpu_sample()
     timings = time_gemm_paths(engine.target, cands, SHAPES, budget_s)
-    cores = os.cpu_count() or 1
-    # recorded, not acted on: the turns and least times above are what make a busy machine's
-    # measurement hold (skipping the cache instead would re-measure at every start under load)
-    note = (f"measured at load {load[0]:.1f} on {cores} cores"
-            if load is not None and load[0] > cores else "")
+    provisional, cond = measured_conditions(a, contention.cpu_sample())
+    # the turns and least times make a busy machine's measurement usable for this run; the
+    # conditions decide whether it may stand as the machine's verdict (cached) or not
     return Choice("gemm", pick(timings, "dense"), "measured", cands, timings,
-                  time.perf_counter() - t0, note=note)
+                  time.perf_counter() - t0, provisional=provisional, conditions=cond)
+
+
+def decide_threads(engine: Any) -> Choice:
+    """The thread count: forced (``EngineConfig.threads``), off the CPU or with
+    ``contention='off'`` torch's default; on a quiet machine all cores (a short look at the
+    machine); on a contended one measured (:func:`contention.time_threads` over decode and
+    verify GEMM passes) and provisional — it answers the moment's load, so it is never cached,
+    and the engine's contention monitor re-measures it as the load changes."""
+    threads = torch.get_num_threads()
+    if engine.config.threads:
+        return Choice("threads", str(threads), "forced", (str(threads),),
+                      note="EngineConfig.threads")
+    if torch.device(engine.config.device).type != "cpu" or engine.config.contention == "off":
+        why = "contention='off'" if engine.config.contention == "off" else "not a CPU engine"
+        return Choice("threads", str(threads), "only", (str(threads),),
+                      note=f"torch default ({why})")
+    if threads == 1:
+        return Choice("threads", "1", "only", ("1",), note="one thread: nothing to adapt")
+    t0 = time.perf_counter()
+    a = contention.cpu_sample()
+    time.sleep(contention.LOOK_S)
+    cond = contention.between(a, contention.cpu_sample())
+    cond_d = {**cond.to_dict(), "cpu": cpu_model()}
+    if not cond.contended:
+        return Choice("threads", str(threads), "only", (str(threads),),
+                      seconds=time.perf_counter() - t0, conditions=cond_d,
+                      note=f"all cores: the machine is {cond.describe()}; re-measured when "
+                           "the steps drift or it turns busy")
+    cands = contention.thread_candidates(threads, cond)
+    passes = {"decode M=1": contention.gemm_pass(engine.target, 1),
+              "verify M=16": contention.gemm_pass(engine.target, 16)}
+    timings = contention.time_threads(passes, cands)
+    best = contention.pick_threads(timings, threads)
+    torch.set_num_threads(best)
+    return Choice("threads", str(best), "measured", tuple(str(n) for n in cands),
+                  {str(n): t for n, t in timings.items()}, time.perf_counter() - t0,
+                  note="median of turns", provisional=True, conditions=cond_d)
 
 
 def apply_gemm(engine: Any, choice: str) -> None:
@@ -306,9 +389,9 @@ def autotune(engine: Any) -> dict[str, Choice]:
     """The engine's ``autotune`` init stage: decide every "auto" (see the module docstring),
     apply it, cache what was measured. Returns name → :class:`Choice`."""
     path = cache_path()
-    key = cache_key(engine)
+    choices: dict[str, Choice] = {"threads": decide_threads(engine)}
+    key = cache_key(engine)  # after the thread count: the cache is keyed by it
     cached = read_cache(path).get(key)
-    choices: dict[str, Choice] = {}
     gemm = decide_gemm(engine, cached)
     apply_gemm(engine, gemm.choice)
     choices["gemm"] = gemm
@@ -322,15 +405,55 @@ def autotune(engine: Any) -> dict[str, Choice]:
                                       note="SDPA flash; triton/flashinfer need CUDA")
     elif attn != "auto":
         choices["attention"] = Choice("attention", attn, "forced", (attn,))
-    threads = torch.get_num_threads()
-    choices["threads"] = Choice(
-        "threads", str(threads), "forced" if engine.config.threads else "only", (str(threads),),
-        note="EngineConfig.threads" if engine.config.threads else "torch default, not measured")
-    if any(c.source == "measured" for c in choices.values()):
-        write_cache(path, key, choices)
+    choices["omp_wait"] = Choice(
+        "omp_wait", contention.omp_wait_policy(), "only", (contention.omp_wait_policy(),),
+        note="fixed when torch loaded (OMP_WAIT_POLICY); the thread count adapts instead")
+    write_cache(path, key, choices)
     return choices
 
 
 def describe(choices: Mapping[str, Choice]) -> str:
     """The init stage's detail line: every choice with its source and timings."""
     return "; ".join(c.detail() for c in choices.values())
+
+
+# -- the conditions a result ran with (for saved results and page stamps) -------------------
+
+def choice_records(choices: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One flat record per choice of ``Engine.choices`` (dicts or :class:`Choice`):
+    ``name``, ``choice``, ``source`` (measured / cached / forced / only / ...),
+    ``provisional`` (bool), and where and at what load it was measured: ``measured_at``
+    (time), ``cpu``, ``cores``, ``load1``, ``others`` (other processes' CPU use, in cores),
+    ``steal`` — None where not measured (forced, only one candidate)."""
+    out = []
+    for name, c in choices.items():
+        d = c.to_dict() if isinstance(c, Choice) else dict(c) if isinstance(c, Mapping) else {}
+        cond = d.get("conditions") or {}
+        out.append({"name": name, "choice": str(d.get("choice", d.get("policy", ""))),
+                    "source": str(d.get("source", "")),
+                    "provisional": bool(d.get("provisional", False)),
+                    "measured_at": cond.get("time"), "cpu": cond.get("cpu"),
+                    "cores": cond.get("cores"), "load1": cond.get("load1"),
+                    "others": cond.get("others"), "steal": cond.get("steal")})
+    return out
+
+
+def provisional_names(choices: Mapping[str, Any]) -> list[str]:
+    """The names of the choices that were measured under contention (provisional)."""
+    return [r["name"] for r in choice_records(choices) if r["provisional"]]
+
+
+def conditions_line(choices: Mapping[str, Any]) -> str:
+    """One line for a stamp: ``gemm=onednn (measured 2026-12-01 14:40, AMD EPYC, load 1.3,
+    others 0.9 of 2 cores: PROVISIONAL); threads=2 (only); ...``."""
+    parts = []
+    for r in choice_records(choices):
+        how = r["source"]
+        if r["measured_at"]:
+            how += f" {r['measured_at']}, {r['cpu']}, load {r['load1']}"
+            if r["others"] is not None:
+                how += f", others {r['others']:.2f} of {r['cores']} cores"
+        if r["provisional"]:
+            how += ": PROVISIONAL"
+        parts.append(f"{r['name']}={r['choice']} ({how})")
+    return "; ".join(parts)

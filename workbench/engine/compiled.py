@@ -264,7 +264,7 @@ def build(engine: Any, budget_s: float | None = None,
 def compile_stage(engine: Any) -> str:
     """The engine's ``compile`` init stage (see the module docstring): decide, maybe build,
     record ``engine.choices["compile"]`` and the cached verdict; returns the detail line."""
-    from workbench.engine import autotune
+    from workbench.engine import autotune, contention
 
     mode = engine.config.compile
     cands = ("eager", "compiled")
@@ -283,7 +283,7 @@ def compile_stage(engine: Any) -> str:
         return done(autotune.Choice("compile", "off", "forced", cands))
     path = autotune.cache_path()
     key = autotune.cache_key(engine)
-    cached = autotune.read_cache(path).get(key, {}).get("compile")
+    cached = autotune.final(autotune.read_cache(path).get(key, {}).get("compile"))
     if mode == "auto" and (cached is None or cached.get("choice") != "on"):
         if cached is None:
             return done(autotune.Choice(
@@ -293,14 +293,18 @@ def compile_stage(engine: Any) -> str:
                      "caches the verdict"))
         return done(autotune.Choice("compile", "off", "cached", cands,
                                     cached.get("timings_ms", {}), note=cached.get("note", "")))
+    a = contention.cpu_sample()
     runner, rep = build(engine)
+    # measured while the machine was contended: used now, never cached as the verdict
+    provisional, cond = autotune.measured_conditions(a, contention.cpu_sample())
     timings = {} if rep.status != "compiled" else {
         "eager": {"decode M=1": rep.eager_ms}, "compiled": {"decode M=1": rep.compiled_ms}}
     verdict = "on" if rep.status == "compiled" and rep.faster else "off"
     note = rep.reason or (f"compiled in {rep.seconds:.1f} s; "
                           f"{'faster' if rep.faster else 'not faster'} than eager")
     autotune.write_cache(path, key, {"compile": autotune.Choice(
-        "compile", verdict, "measured", cands, timings, rep.seconds, note)})
+        "compile", verdict, "measured", cands, timings, rep.seconds, note,
+        provisional=provisional, conditions=cond)})
     keep = runner is not None and (mode == "on" or verdict == "on")
     if runner is not None and not keep:
         runner.close()
@@ -310,4 +314,5 @@ def compile_stage(engine: Any) -> str:
     status = "on" if keep else "off"
     if rep.status == "fallback":
         note = f"fallback to eager: {rep.reason}"
-    return done(autotune.Choice("compile", status, source, cands, timings, rep.seconds, note))
+    return done(autotune.Choice("compile", status, source, cands, timings, rep.seconds, note,
+                                provisional=provisional, conditions=cond))

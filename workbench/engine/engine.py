@@ -23,6 +23,7 @@ from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
 from workbench.engine import driver, policy_init
+from workbench.engine.contention import Adaptation, ContentionMonitor
 from workbench.engine.kv_cache import KVPool
 from workbench.engine.output import OutputProcessor
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
@@ -69,6 +70,8 @@ class Engine:
         self.init_log: list[tuple[str, str, float]] = []
         # every machine-dependent "auto", decided at init (engine/autotune.py): name → Choice dict
         self.choices: dict[str, Any] = {}
+        # re-measures the thread count as the machine's load changes (engine/contention.py)
+        self.contention: ContentionMonitor | None = None
         self._init()
 
     @classmethod
@@ -162,7 +165,26 @@ class Engine:
 
         found = autotune.autotune(self)
         self.choices = {name: c.to_dict() for name, c in found.items()}
+        threads = found["threads"]
+        if threads.source in ("measured", "only") and self.config.contention == "adapt" and \
+                self.runner.device.type == "cpu":
+            self.contention = ContentionMonitor(int(threads.candidates[0]), self._gemm_passes,
+                                                on_change=self._threads_adapted)
         return autotune.describe(found)
+
+    def _gemm_passes(self) -> dict[str, Callable[[], None]]:
+        from workbench.engine.contention import gemm_pass
+
+        return {"decode M=1": gemm_pass(self.target, 1), "verify M=16": gemm_pass(self.target, 16)}
+
+    def _threads_adapted(self, a: Adaptation) -> None:
+        """The contention monitor re-measured the thread count: the choice says so."""
+        from workbench.engine import autotune
+
+        self.choices["threads"] = autotune.Choice(
+            "threads", str(a.after), "measured", tuple(str(n) for n in a.timings_ms),
+            {str(n): t for n, t in a.timings_ms.items()}, note=f"re-measured: {a.reason}",
+            provisional=True, conditions={**a.conditions, "cpu": autotune.cpu_model()}).to_dict()
 
     def _stage_allocate_kv(self) -> None:
         assert self.model_config is not None
@@ -395,8 +417,10 @@ class Engine:
         plain = batch.plain_after(ran)  # policy off, no room for a tree, draft not ready
         if plain:
             self.worker.plain(plain, outputs, phases)
-        self.worker.end_step(batch, "spec" if accepted else "plain", accepted, phases,
-                             _ms(t_start))
+        mode, total = "spec" if accepted else "plain", _ms(t_start)
+        self.worker.end_step(batch, mode, accepted, phases, total)
+        if self.contention is not None:
+            self.contention.observe(mode, len(batch.decode), total)
 
 
 def _ms(t0: float) -> float:

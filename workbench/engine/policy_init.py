@@ -34,7 +34,7 @@ from typing import Any, TypeGuard
 import torch
 
 from workbench.config import SpecConfig
-from workbench.engine import autotune
+from workbench.engine import autotune, contention
 from workbench.engine.calibrate import calibrate as fit_cost_model
 from workbench.engine.calibrate import measure_tau
 from workbench.errors import ConfigError
@@ -93,7 +93,7 @@ def stage(engine: Any) -> str:
 
 def _valid(entry: Any) -> TypeGuard[dict[str, Any]]:
     """A cache entry with every field (one from an older layout is measured again)."""
-    return isinstance(entry, dict) and all(
+    return autotune.final(entry) is not None and isinstance(entry, dict) and all(
         name in entry for name in ("shape", "model", "tau", "rates", "topk", "context",
                                    "tau_on", "seconds")) and isinstance(entry["model"], dict)
 
@@ -102,7 +102,9 @@ def _describe(entry: dict[str, Any]) -> str:
     how = f"measured {entry['seconds']:.1f} s" if entry["source"] == "measured" else \
         f"cached (measured {entry['seconds']:.1f} s at an earlier start)"
     shape = "S{}K{}N{}".format(*entry["shape"])
-    return f"cost model {shape} {how}; τ {entry['tau']:.2f} on {entry['tau_on']}"
+    busy = "; PROVISIONAL (measured on a contended machine, not cached)" \
+        if entry.get("provisional") else ""
+    return f"cost model {shape} {how}; τ {entry['tau']:.2f} on {entry['tau_on']}{busy}"
 
 
 def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
@@ -118,6 +120,7 @@ def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
         raise ConfigError(f"{STAGE}: calibrating steps the engine; it has {live} live "
                           "request(s) — finish or abort them first")
     t0 = time.perf_counter()
+    a = contention.cpu_sample()
     try:
         cm = fit_cost_model(engine, batch_sizes=tuple(
             b for b in BATCHES if b <= engine.config.max_batch_size), shape=shape)
@@ -137,10 +140,14 @@ def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
         raise ConfigError(f"{STAGE}: calibration failed: {e}") from e
     except RuntimeError as e:
         raise ConfigError(f"{STAGE}: calibration failed: {type(e).__name__}: {e}") from e
+    # measured while the machine was contended: this run uses it, the cache never keeps it
+    provisional, cond = autotune.measured_conditions(a, contention.cpu_sample())
     entry = {"shape": list(shape), "model": cm.to_dict(), "tau": acc.tau, "topk": acc.topk,
              "rates": list(acc.rates), "context": acc.context, "tau_on": on,
-             "seconds": time.perf_counter() - t0}
-    _write(cache_file(), _key(engine, shape), entry)
+             "seconds": time.perf_counter() - t0, "provisional": provisional,
+             "conditions": cond}
+    if not provisional:
+        _write(cache_file(), _key(engine, shape), entry)
     engine.choices[STAGE] = {**entry, "source": "measured"}
     return engine.choices[STAGE]
 

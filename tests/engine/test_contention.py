@@ -1,0 +1,188 @@
+"""Contention: the machine's conditions over a window, the thread-count measurement, the
+step-time monitor that re-measures it while the engine runs, and outputs unchanged by it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.engine import contention
+from workbench.engine.contention import Conditions, ContentionMonitor, CpuSample
+
+# the module's own function (tests/conftest.py pins contention.between inside each test)
+REAL_BETWEEN = contention.between
+
+
+@pytest.fixture()
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_conditions_say_why_they_are_contended() -> None:
+    quiet = Conditions(2, 1.0, others=0.1, steal=0.0, load1=3.0)
+    assert not quiet.contended  # a lagging load average is no witness once others is measured
+    assert quiet.describe().startswith("quiet (others 0.10 cores")
+    assert Conditions(2, 1.0, others=None, steal=None, load1=3.0).reasons() == [
+        "load 3.0 > 2 cores"]
+    busy = Conditions(2, 1.0, others=0.9, steal=0.08, load1=1.0, drift=2.0)
+    assert busy.reasons() == ["other processes used 0.90 of 2 cores", "steal 8 %",
+                              "steps 2.0x their calibration"]
+    assert busy.to_dict()["contended"] is True
+
+
+def test_between_counts_other_processes_not_our_own_time() -> None:
+    a = CpuSample(wall=10.0, busy=100.0, steal=1.0, total=400.0, own=50.0)
+    # 1 s: all CPUs busy 1.8 s, of which 1.0 s was this process; 0.1 s stolen of 2.0 s
+    b = CpuSample(wall=11.0, busy=101.8, steal=1.1, total=402.0, own=51.0)
+    c = REAL_BETWEEN(a, b)
+    assert c.others == pytest.approx(0.8) and c.steal == pytest.approx(0.05)
+    assert c.contended
+    assert REAL_BETWEEN(None, b).others is None  # no /proc/stat: not measured, not guessed
+    short = CpuSample(wall=10.01, busy=100.0, steal=1.0, total=400.0, own=50.0)
+    assert REAL_BETWEEN(a, short).others is None  # one tick cannot resolve a third of a core
+
+
+def test_cpu_sample_reads_proc_stat() -> None:
+    s = contention.cpu_sample()
+    if s is None:
+        pytest.skip("no /proc/stat here")
+    assert s.total >= s.busy > 0 and s.own >= 0.0
+
+
+def test_time_threads_takes_turns_and_restores(threads: None) -> None:
+    seen: list[int] = []
+
+    def fn() -> None:
+        seen.append(torch.get_num_threads())
+
+    torch.set_num_threads(1)
+    out = contention.time_threads({"p": fn}, (2, 1), budget_s=0.0, min_rounds=3)
+    assert seen == [2, 1] + [2, 1] * 3  # one warm-up each, then turns
+    assert set(out) == {2, 1} and set(out[2]) == {"p"}
+    assert torch.get_num_threads() == 1
+
+
+def test_pick_threads_keeps_the_default_within_margin() -> None:
+    assert contention.pick_threads({2: {"a": 10.0}, 1: {"a": 9.8}}, 2) == 2
+    assert contention.pick_threads({2: {"a": 40.0}, 1: {"a": 9.0}}, 2) == 1
+    assert contention.thread_candidates(2) == (2, 1)
+    assert contention.thread_candidates(8, Conditions(8, 1.0, 2.4, 0.0, 3.0)) == (8, 5, 1)
+
+
+def test_monitor_adapts_on_drift_and_returns_when_quiet(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = {2: {"p": 40.0}, 1: {"p": 10.0}}
+    monkeypatch.setattr(contention, "time_threads",
+                        lambda passes, cands, budget_s=0.0: {n: answers[n] for n in cands})
+    changes: list[contention.Adaptation] = []
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None}, on_change=changes.append)
+    for _ in range(contention.WINDOW):
+        m.observe("spec", 1, 10.0)
+    assert m.calibration[("spec", 1)] == 10.0 and not changes
+    machine_conditions["others"] = 1.0  # a neighbour takes a core: the steps slow down
+    m._last_check -= contention.CHECK_S
+    for _ in range(contention.WINDOW):
+        m.observe("spec", 1, 30.0)
+    (a,) = changes
+    assert (a.before, a.after) == (2, 1) and torch.get_num_threads() == 1
+    assert "other processes used 1.00" in a.reason and a.conditions["contended"]
+    assert m.calibration == {}  # a new thread count starts a new calibration
+    # the neighbour leaves: the next look finds the machine quiet at fewer threads
+    machine_conditions["others"] = 0.0
+    answers[2] = {"p": 6.0}
+    m._next_check = time.perf_counter() - 1.0
+    m.observe("spec", 1, 10.0)
+    assert [(c.before, c.after) for c in changes] == [(2, 1), (1, 2)]
+    assert torch.get_num_threads() == 2 and changes[-1].reason == "quiet again"
+
+
+def test_monitor_backs_off_when_the_measurement_confirms(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+                        {n: {"p": 10.0} for n in cands})  # both counts alike: keep the default
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    machine_conditions["others"] = 0.6
+    a = m.check()
+    assert a is not None and (a.before, a.after) == (2, 2)
+    assert m._next_check - time.perf_counter() > contention.BACKOFF_S[0]
+    assert m.observe("plain", 1, 5.0) is None  # not looked at again before the back-off
+
+
+def test_monitor_with_one_default_thread_never_adapts() -> None:
+    m = ContentionMonitor(1, lambda: {})
+    assert not m.enabled and m.check is not None
+    for _ in range(3 * contention.WINDOW):
+        assert m.observe("plain", 1, 1.0) is None
+
+
+def test_thread_changes_do_not_change_outputs(threads: None, micro_target: Path) -> None:
+    """The monitor may switch thread counts between steps: outputs are bit-identical."""
+    sp = wb.SamplingParams(max_new_tokens=12)
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    with wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(gemm="onednn")) as e:
+        got = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got[n] = [o.token_ids for o in e.generate(prompts, sp)]
+        assert got[1] == got[2]
+        x = torch.randn(16, e.target.config.hidden_size)
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(torch.nn.functional.linear(x, e.target.lm_head.weight))
+        assert torch.equal(outs[0], outs[1])
+
+
+def test_engine_records_threads_and_adapts_mid_run(
+        threads: None, machine_conditions: dict[str, float], micro_target: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.set_num_threads(2)
+    machine_conditions["others"] = 1.1
+    with wb.Engine.from_pretrained(micro_target) as e:
+        th = e.choices["threads"]
+        assert th["source"] == "measured" and th["provisional"] is True
+        assert th["candidates"] == ["2", "1"] and set(th["timings_ms"]) == {"2", "1"}
+        assert e.choices["omp_wait"]["source"] == "only"
+        assert e.contention is not None and e.contention.default == 2
+        ref = e.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=24))[0].token_ids
+        # the machine turns quiet mid-run and the measurement now favours the other count
+        machine_conditions["others"] = 0.0
+        flip = {"n": 0}
+
+        def alternate(passes: object, cands: tuple[int, ...],
+                      budget_s: float = 0.0) -> dict[int, dict[str, float]]:
+            flip["n"] += 1
+            fast = cands[flip["n"] % len(cands)]
+            return {n: {"p": 1.0 if n == fast else 9.0} for n in cands}
+
+        monkeypatch.setattr(contention, "time_threads", alternate)
+        monkeypatch.setattr(contention, "CHECK_S", 0.0)
+        monkeypatch.setattr(contention, "BACKOFF_S", (0.0, 0.0))
+        e.contention._next_check = 0.0
+        again = e.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=24))[0].token_ids
+        assert again == ref
+        assert e.contention.log and e.choices["threads"]["note"].startswith("re-measured")
+
+
+def test_quiet_machine_keeps_all_cores(threads: None, micro_target: Path) -> None:
+    torch.set_num_threads(2)
+    with wb.Engine.from_pretrained(micro_target) as e:
+        th = e.choices["threads"]
+        assert (th["choice"], th["source"], th["provisional"]) == ("2", "only", False)
+        assert th["note"].startswith("all cores: the machine is quiet")
+    with wb.Engine.from_pretrained(micro_target,
+                                   config=wb.EngineConfig(contention="off")) as e:
+        assert e.contention is None and "contention='off'" in e.choices["threads"]["note"]
+    with pytest.raises(wb.ConfigError, match="EngineConfig.contention"):
+        wb.EngineConfig(contention="sometimes")  # type: ignore[arg-type]

@@ -1,0 +1,364 @@
+"""Contention: is this process sharing the CPU, and how many threads should it use right now.
+
+On a small CPU a bs=1 decode is a chain of short parallel regions: with two OpenMP threads on
+two cores, every GEMM waits at its barrier for the slower thread, and when anything else runs
+on one core the step collapses far below a fair share (2-core EPYC, one CPU-bound process
+pinned to core 1: baseline 24 tok/s with 2 threads vs 255 with 1, idle 280; docs/PERFORMANCE.md).
+So the engine measures what it can see and adapts what it can change:
+
+* :class:`Conditions` — what the machine looked like over a window: the CPU time *other*
+  processes used (``/proc/stat`` busy time minus this process's own CPU time, in cores), the
+  hypervisor's steal share, the 1-min load average, and the engine's own step-time drift
+  against its calibration. :attr:`Conditions.contended` says whether a measurement taken then
+  is only provisional (``engine/autotune.py`` never caches one as final);
+* :func:`time_threads` — the thread counts timed in turns on the engine's own prepared GEMMs
+  (a decode M=1 and a verify M=16 pass over the real weights), the median of each: under
+  contention the typical step is what a user gets, so medians, not least times, decide here;
+* :class:`ContentionMonitor` — watches the engine's step times (per mode and batch bucket,
+  against the best window it has seen) and the machine between steps; when the steps drift or
+  the machine turns busy (or quiet again) it re-times the thread counts and applies the
+  fastest, with a growing back-off while the measurement keeps confirming the current choice.
+
+What it cannot change: the OpenMP wait policy (libgomp reads ``OMP_WAIT_POLICY`` once, when
+torch loads), so it is recorded (:func:`omp_wait_policy`) and the thread count is the lever;
+the GEMM path is re-measured at the next start (a provisional choice is never cached).
+Thread counts do not change results: the GEMMs split rows and columns, never the reduction
+(checked bit for bit in tests/engine/test_contention.py and the lossless suites).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+# others' CPU use (in cores) at or above which a window counts as contended: a third of a core
+# is what a background build or a notebook kernel costs; below it timings hold to ~10 %
+OTHERS_CORES = 0.35
+STEAL_SHARE = 0.05  # hypervisor steal share at or above which a window counts as contended
+DRIFT = 1.5  # own step time / calibration at or above which the steps have drifted
+WINDOW = 8  # steps per window of the step-time monitor
+CHECK_S = 2.0  # the monitor looks at the machine at most this often
+BACKOFF_S = (2.0, 60.0)  # first and longest wait after a measurement confirmed the choice
+THREADS_BUDGET_S = 0.3  # one thread-count measurement (turns of decode and verify passes)
+LOOK_S = 0.15  # the init stage's look at the machine (a window of 15 ticks at 100 Hz)
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative CPU counters at one instant: ``busy``/``steal``/``total`` seconds of all
+    CPUs (``/proc/stat``), this process's own CPU seconds, and the wall clock."""
+
+    wall: float
+    busy: float
+    steal: float
+    total: float
+    own: float
+
+
+def cpu_sample() -> CpuSample | None:
+    """Now's counters; None where ``/proc/stat`` does not exist (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            first = f.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    v = [int(x) for x in first[1:]]
+    v += [0] * (8 - len(v))
+    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+    busy = user + nice + system + irq + softirq  # guest time is inside user
+    total = busy + idle + iowait + steal
+    return CpuSample(time.perf_counter(), busy / TICK, steal / TICK, total / TICK,
+                     time.process_time())
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity mask), else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def load1() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The machine over one window. ``others``: CPU time other processes used, in cores (None:
+    not measurable here); ``steal``: the hypervisor's share of all CPU time; ``load1`` the 1-min
+    load average at the end; ``drift`` the engine's own step time over its calibration (None:
+    not known). ``cores``: this process's CPUs. ``time``: when the window ended."""
+
+    cores: int
+    window_s: float
+    others: float | None
+    steal: float | None
+    load1: float | None
+    drift: float | None = None
+    time: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S"))
+
+    def reasons(self) -> list[str]:
+        """Why the window counts as contended ([]: quiet)."""
+        out = []
+        if self.others is not None and self.others >= OTHERS_CORES:
+            out.append(f"other processes used {self.others:.2f} of {self.cores} cores")
+        if self.steal is not None and self.steal >= STEAL_SHARE:
+            out.append(f"steal {100 * self.steal:.0f} %")
+        if self.others is None and self.load1 is not None and self.load1 > self.cores:
+            # the 1-min average lags by a minute: only a witness where others is not measured
+            out.append(f"load {self.load1:.1f} > {self.cores} cores")
+        if self.drift is not None and self.drift >= DRIFT:
+            out.append(f"steps {self.drift:.1f}x their calibration")
+        return out
+
+    @property
+    def contended(self) -> bool:
+        return bool(self.reasons())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["contended"] = self.contended
+        return d
+
+    def describe(self) -> str:
+        """``quiet (others 0.05 cores, steal 0 %, load 0.4 on 2 cores)`` or
+        ``busy: other processes used 0.93 of 2 cores (steal 0 %, load 1.3 on 2 cores)``."""
+        facts = []
+        if self.others is not None:
+            facts.append(f"others {self.others:.2f} cores")
+        if self.steal is not None:
+            facts.append(f"steal {100 * self.steal:.0f} %")
+        facts.append(f"load {self.load1 if self.load1 is not None else '?'} on {self.cores} "
+                     "cores")
+        why = self.reasons()
+        head = "busy: " + "; ".join(why) if why else "quiet"
+        return f"{head} ({', '.join(facts)})"
+
+
+def between(a: CpuSample | None, b: CpuSample | None, drift: float | None = None) -> Conditions:
+    """The conditions over the window from sample ``a`` to sample ``b``."""
+    n = cores()
+    if a is None or b is None or b.wall <= a.wall:
+        return Conditions(n, 0.0, None, None, load1(), drift)
+    wall = b.wall - a.wall
+    total = b.total - a.total
+    others = max(0.0, (b.busy - a.busy) - (b.own - a.own)) / wall
+    # /proc/stat counts in ticks: a window of a few ticks cannot tell 0.3 cores from 0
+    resolved = wall * TICK >= 10
+    return Conditions(n, round(wall, 3), round(min(others, float(n)), 2) if resolved else None,
+                      round((b.steal - a.steal) / total, 3) if total > 0 and resolved else None,
+                      load1(), drift)
+
+
+def measure(window_s: float = 0.2) -> Conditions:
+    """Sleep ``window_s`` and report what the rest of the machine did meanwhile."""
+    a = cpu_sample()
+    time.sleep(window_s)
+    return between(a, cpu_sample())
+
+
+def omp_wait_policy() -> str:
+    """The OpenMP wait policy in force (fixed when torch loaded): the environment's
+    ``OMP_WAIT_POLICY``, or libgomp's default (spin a while, then sleep)."""
+    raw = os.environ.get("OMP_WAIT_POLICY", "")
+    return raw.lower() if raw else "default"
+
+
+def gemm_pass(target: Any, m: int) -> Callable[[], None]:
+    """One pass over every GEMM of the target at ``m`` rows, with its prepared inference
+    weights as they stand (no copy, no KV touched: safe while requests run)."""
+    from workbench.models.gemm import gemm_ops
+
+    if target._fast is None:
+        target.fuse(target.gemm)
+    lin, lin_add = gemm_ops(target.gemm)
+    d = target.config.hidden_size
+    layers = list(target._fast)
+    head = target._head
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(m, d, generator=gen)
+    xi = torch.randn(m, target.config.intermediate_size, generator=gen)
+    xa = torch.randn(m, layers[0].h * layers[0].hd, generator=gen)
+
+    def run() -> None:
+        with torch.inference_mode():
+            for f in layers:
+                lin(x, f.qkv, f.qkv_bias)
+                lin_add(xa, f.o, x)
+                lin(x, f.gate_up, f.gate_up_bias)
+                if f.down_bias is None:
+                    lin_add(xi, f.down, x)
+                else:
+                    lin(xi, f.down, f.down_bias)
+            lin(x, head, None)
+
+    return run
+
+
+def time_threads(passes: Mapping[str, Callable[[], None]], candidates: Sequence[int],
+                 budget_s: float = THREADS_BUDGET_S, min_rounds: int = 3,
+                 max_rounds: int = 40) -> dict[int, dict[str, float]]:
+    """Median ms of each pass at each thread count, the counts taking turns (a busy stretch
+    hits every count alike); the thread count in force is restored afterwards."""
+    before = torch.get_num_threads()
+    times: dict[int, dict[str, list[float]]] = {n: {k: [] for k in passes} for n in candidates}
+    try:
+        for n in candidates:  # warm-up: a thread count's first region spawns its threads
+            torch.set_num_threads(n)
+            for fn in passes.values():
+                fn()
+        t_end = time.perf_counter() + budget_s
+        rounds = 0
+        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() < t_end):
+            for n in candidates:
+                torch.set_num_threads(n)
+                for k, fn in passes.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[n][k].append(1e3 * (time.perf_counter() - t0))
+            rounds += 1
+    finally:
+        torch.set_num_threads(before)
+    return {n: {k: statistics.median(v) for k, v in ts.items()} for n, ts in times.items()}
+
+
+def thread_candidates(default: int, cond: Conditions | None = None) -> tuple[int, ...]:
+    """The thread counts worth timing: all of this process's cores (``default``), one, and —
+    with other processes busy — the cores they leave free."""
+    out = {max(1, default), 1}
+    if cond is not None and cond.others is not None and default > 2:
+        out.add(max(1, default - math.ceil(cond.others)))
+    return tuple(sorted(out, reverse=True))
+
+
+def pick_threads(timings: Mapping[int, Mapping[str, float]], default: int,
+                 margin: float = 0.05) -> int:
+    """The count with the least summed pass time; ``default`` unless beaten by ``margin``."""
+    def cost(n: int) -> float:
+        return sum(timings[n].values())
+
+    best = min(timings, key=cost)
+    if default in timings and cost(default) <= cost(best) * (1 + margin):
+        return default
+    return best
+
+
+@dataclass
+class Adaptation:
+    """One thread-count decision of the monitor (or the init stage): when, why, what it timed
+    and what it chose."""
+
+    t: float
+    reason: str
+    conditions: dict[str, Any]
+    timings_ms: dict[int, dict[str, float]]
+    before: int
+    after: int
+
+
+class ContentionMonitor:
+    """Step-time drift and machine watch for one engine (see the module docstring).
+
+    ``observe(mode, batch, ms)`` after every step. ``passes()`` builds the timed GEMM passes
+    (lazily, so a monitor that never adapts costs nothing). ``enabled`` False: observe only.
+    ``log`` keeps every :class:`Adaptation`; ``on_change(adaptation)`` is called after each."""
+
+    def __init__(self, default_threads: int, passes: Callable[[], dict[str, Callable[[], None]]],
+                 enabled: bool = True,
+                 on_change: Callable[[Adaptation], None] | None = None) -> None:
+        self.default = max(1, default_threads)
+        self.enabled = enabled and self.default > 1
+        self._make_passes = passes
+        self._passes: dict[str, Callable[[], None]] | None = None
+        self.on_change = on_change
+        self.windows: dict[tuple[str, int], deque[float]] = {}
+        self.calibration: dict[tuple[str, int], float] = {}
+        self.drift: float | None = None
+        self.log: list[Adaptation] = []
+        self._sample = cpu_sample()
+        self._next_check = time.perf_counter() + CHECK_S
+        self._last_check = time.perf_counter()
+        self._backoff = BACKOFF_S[0]
+
+    @staticmethod
+    def key(mode: str, batch: int) -> tuple[str, int]:
+        return (mode, 1 << max(0, batch - 1).bit_length())
+
+    def observe(self, mode: str, batch: int, ms: float) -> Adaptation | None:
+        """Record one step; maybe re-time the thread counts (returns the adaptation, if any)."""
+        k = self.key(mode, batch)
+        w = self.windows.setdefault(k, deque(maxlen=WINDOW))
+        w.append(ms)
+        if len(w) == WINDOW:
+            med = statistics.median(w)
+            cal = self.calibration.get(k)
+            # the best window at this thread count is the calibration; a window at another
+            # thread count starts a new one (the monitor clears them when it switches)
+            self.calibration[k] = med if cal is None else min(cal, med)
+            self.drift = med / self.calibration[k]
+        if not self.enabled:
+            return None
+        now = time.perf_counter()
+        drifted = self.drift is not None and self.drift >= DRIFT
+        if now < self._next_check and not (drifted and now >= self._last_check + CHECK_S / 4):
+            return None
+        return self.check(now)
+
+    def check(self, now: float | None = None) -> Adaptation | None:
+        """Look at the machine since the last check; re-time the thread counts when the steps
+        drifted, or the machine is busy at all cores, or quiet at fewer."""
+        now = time.perf_counter() if now is None else now
+        self._last_check = now
+        sample = cpu_sample()
+        cond = between(self._sample, sample, self.drift)
+        self._sample = sample
+        threads = torch.get_num_threads()
+        if cond.contended == (threads < self.default) and not (
+                self.drift is not None and self.drift >= DRIFT):
+            self._next_check = now + CHECK_S  # the choice fits the conditions
+            return None
+        why = "; ".join(cond.reasons()) or "quiet again"
+        a = self.adapt(cond, why)
+        if a.after == a.before:  # confirmed: wait longer before asking again
+            self._backoff = min(BACKOFF_S[1], self._backoff * 2)
+        else:
+            self._backoff = BACKOFF_S[0]
+        self._next_check = time.perf_counter() + self._backoff
+        return a
+
+    def adapt(self, cond: Conditions, reason: str) -> Adaptation:
+        """Time the candidate thread counts now and apply the fastest."""
+        if self._passes is None:
+            self._passes = self._make_passes()
+        before = torch.get_num_threads()
+        cands = thread_candidates(self.default, cond)
+        timings = time_threads(self._passes, cands)
+        after = pick_threads(timings, self.default)
+        if after != before:
+            torch.set_num_threads(after)
+            self.windows.clear()  # step times at another thread count: a new calibration
+            self.calibration.clear()
+        else:  # confirmed: the steps' present cost is their calibration from here on
+            for k, w in self.windows.items():
+                if w:
+                    self.calibration[k] = statistics.median(w)
+        self.drift = None
+        a = Adaptation(time.time(), reason, cond.to_dict(), timings, before, after)
+        self.log.append(a)
+        if self.on_change is not None:
+            self.on_change(a)
+        return a
