@@ -147,32 +147,47 @@ def test_thread_changes_do_not_change_outputs(threads: None, micro_target: Path)
 def test_engine_records_threads_and_adapts_mid_run(
         threads: None, machine_conditions: dict[str, float], micro_target: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy at init: the thread count is measured and provisional. Then the machine turns
+    busy and quiet at every look, and each re-measurement flips the thread count between
+    steps: the output stays the one of a run without any flip."""
+    busy = {"now": True}
+
+    def measured(passes: object, cands: tuple[int, ...],
+                 budget_s: float = 0.0) -> dict[int, dict[str, float]]:
+        fast = 1 if busy["now"] else max(cands)  # one thread wins while a neighbour runs
+        return {n: {"p": 1.0 if n == fast else 9.0} for n in cands}
+
+    monkeypatch.setattr(contention, "time_threads", measured)
     torch.set_num_threads(2)
     machine_conditions["others"] = 1.1
     with wb.Engine.from_pretrained(micro_target) as e:
         th = e.choices["threads"]
-        assert th["source"] == "measured" and th["provisional"] is True
+        assert (th["choice"], th["source"], th["provisional"]) == ("1", "measured", True)
         assert th["candidates"] == ["2", "1"] and set(th["timings_ms"]) == {"2", "1"}
+        assert torch.get_num_threads() == 1
         assert e.choices["omp_wait"]["source"] == "only"
         assert e.contention is not None and e.contention.default == 2
-        ref = e.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=24))[0].token_ids
-        # the machine turns quiet mid-run and the measurement now favours the other count
-        machine_conditions["others"] = 0.0
-        flip = {"n": 0}
+        sp = wb.SamplingParams(max_new_tokens=24)
+        e.contention.enabled = False
+        ref = e.generate([[5, 6, 7, 8]], sp)[0].token_ids
+        e.contention.enabled = True
 
-        def alternate(passes: object, cands: tuple[int, ...],
-                      budget_s: float = 0.0) -> dict[int, dict[str, float]]:
-            flip["n"] += 1
-            fast = cands[flip["n"] % len(cands)]
-            return {n: {"p": 1.0 if n == fast else 9.0} for n in cands}
+        def flip(a: contention.Adaptation) -> None:
+            e._threads_adapted(a)
+            busy["now"] = not busy["now"]
+            machine_conditions["others"] = 1.1 if busy["now"] else 0.0
 
-        monkeypatch.setattr(contention, "time_threads", alternate)
+        e.contention.on_change = flip
+        busy["now"], machine_conditions["others"] = False, 0.0
         monkeypatch.setattr(contention, "CHECK_S", 0.0)
         monkeypatch.setattr(contention, "BACKOFF_S", (0.0, 0.0))
         e.contention._next_check = 0.0
-        again = e.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=24))[0].token_ids
+        again = e.generate([[5, 6, 7, 8]], sp)[0].token_ids
         assert again == ref
-        assert e.contention.log and e.choices["threads"]["note"].startswith("re-measured")
+        moves = [(a.before, a.after) for a in e.contention.log]
+        assert moves[:2] == [(1, 2), (2, 1)] and len(moves) >= 4
+        assert e.choices["threads"]["note"].startswith("re-measured")
+        assert e.choices["threads"]["provisional"] is True
 
 
 def test_quiet_machine_keeps_all_cores(threads: None, micro_target: Path) -> None:
