@@ -213,7 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-model-len", type=int, default=None,
                    help="context length cap (prompt + output); default the model's")
     s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer <key>' (all routes but /health)")
+                   help="require 'Authorization: Bearer <key>' (all routes but /health); "
+                        "visible to every local user in the process list: prefer "
+                        "--api-key-file or WORKBENCH_API_KEY")
+    s.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the API key from this file (its first line)")
+    s.add_argument("--incremental-streaming-output", action="store_true",
+                   help="/generate streams send only what is new in each chunk (SGLang's flag)")
+    s.add_argument("--max-logprob-entries", type=int, default=1 << 20,
+                   help="log-probability entries (token + alternatives, per position) one "
+                        "answer may send in all; beyond: 400 before any work")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger bodies: 413")
     s.add_argument("--max-prompt-chars", type=int, default=None,
                    help="longer text prompts: 400 before tokenizing (default 32 x "

@@ -96,8 +96,10 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
     "huge max_new_tokens capped by context": ("/generate", gen(max_new_tokens=10**12,
                                                                temperature=0), 200, None),
     "stop token id outside the vocabulary": ("/generate", gen(stop_token_ids=[10**9]), 200, None),
-    "1000 stop strings": ("/generate", gen(stop=[f"zz{i}" for i in range(1000)]), 200, None),
-    "10k-character stop string": ("/generate", gen(stop=["q" * 10_000]), 200, None),
+    "1000 stop strings": ("/generate", gen(stop=[f"zz{i}" for i in range(1000)]), 400,
+                          "sampling_params.stop"),
+    "10k-character stop string": ("/generate", gen(stop=["q" * 10_000]), 400,
+                                  "sampling_params.stop"),
     # values refused with the field named
     "seed 2**70": ("/generate", gen(seed=2**70), 400, "sampling_params.seed"),
     "seed 2**64": ("/generate", gen(seed=2**64), 400, "sampling_params.seed"),

@@ -143,8 +143,10 @@ def test_no_stop_trim_keeps_the_stop(engine: wb.Engine) -> None:
     trimmed = engine.generate([p], sp)[0]
     kept = engine.generate([p], dataclasses.replace(sp, no_stop_trim=True))[0]
     assert kept.token_ids == trimmed.token_ids and kept.finish_reason == "stop"
-    assert kept.text == engine.tokenizer.decode(kept.token_ids)
-    assert kept.text.startswith(trimmed.text) and len(kept.text) > len(trimmed.text)
+    # as SGLang: the text ends right after the stop string, not with the rest of its token
+    assert kept.matched_stop in sp.stop
+    assert kept.text == trimmed.text + kept.matched_stop
+    assert engine.tokenizer.decode(kept.token_ids).startswith(kept.text)
 
 
 def test_stream_never_shows_a_stop_string(engine: wb.Engine) -> None:

@@ -198,16 +198,19 @@ class OutputProcessor:
                              logprob_start=None if lp is None else lp.start)
 
     def text_of(self, req: Request) -> str:
-        """The request's output text, its matched stop trimmed (see ``Engine.output``)."""
+        """The request's output text, its matched stop trimmed (see ``Engine.output``); with
+        ``no_stop_trim`` the text ends right after a matched stop string (as SGLang), not with
+        the rest of the token that completed it."""
         ids, m = req.output_ids, req.matched_stop
-        trim = req.finish_reason == "stop" and m is not None and not req.sampling.no_stop_trim
-        if trim and isinstance(m, int) and ids:
+        stopped = req.finish_reason == "stop" and m is not None
+        keep = req.sampling.no_stop_trim
+        if stopped and not keep and isinstance(m, int) and ids:
             ids = ids[:-1]
         text = self.tokenizer.decode(ids)
-        if trim and isinstance(m, str):
+        if stopped and isinstance(m, str):
             pos = text.find(m)
-            if pos != -1:
-                text = text[:pos]
+            if pos != -1:  # cut before the stop string, or (no_stop_trim) right after it
+                text = text[: pos + len(m)] if keep else text[:pos]
         return text
 
 

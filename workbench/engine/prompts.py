@@ -34,8 +34,14 @@ def tokenize(tokenizer: Any, vocab_size: int, prompt: Prompt, field: str = "prom
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise RequestError(f"{field}: chat messages given but the tokenizer has no chat "
                                "template")
-        return list(tokenizer.apply_chat_template(items, add_generation_prompt=True,
-                                                  tokenize=True))
+        from jinja2 import TemplateError
+
+        try:
+            return list(tokenizer.apply_chat_template(items, add_generation_prompt=True,
+                                                      tokenize=True))
+        except TemplateError as e:  # the template's raise_exception: these messages refused
+            raise RequestError(f"{field}: the chat template refuses these messages: {e}"
+                               ) from None
     if not items:
         raise RequestError(f"{field}: empty prompt")
     for t in items:

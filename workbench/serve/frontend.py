@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from workbench.errors import RequestError
-from workbench.serve.limits import ServeLimits
+from workbench.serve.limits import ServeLimits, logprob_entries
 from workbench.serve.loop import (
     Admitted,
     Chunk,
@@ -31,6 +31,7 @@ from workbench.serve.loop import (
     Ticket,
 )
 from workbench.serve.protocol import HTTPError, ParsedRequest, admission_error
+from workbench.serve.responses import json_bytes, sse
 from workbench.serve.web import StreamingResponse
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,21 @@ class ServeState:
         self.limits = limits
         self.max_model_len = int(loop.engine.max_model_len)
         self.max_prompt_chars = limits.prompt_chars(self.max_model_len)
+        self.vocab_size = int(loop.engine.model_config.vocab_size)
         # tokenization never runs on the engine thread (nor on the event loop)
         self.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-tokenize")
+        # nor does building and serializing a big answer (log-probability tables)
+        self.encode_pool = ThreadPoolExecutor(2, thread_name_prefix="workbench-encode")
+
+    async def encode(self, make: Callable[[], Any], event: bool = False) -> bytes:
+        """``make()`` as a JSON body (``event``: one server-sent event), built and serialized
+        on an encoder thread, so a big answer never holds the event loop (/health and every
+        other connection keep being served meanwhile)."""
+        def run() -> bytes:
+            obj = make()
+            return sse(obj) if event else json_bytes(obj)
+
+        return await asyncio.get_running_loop().run_in_executor(self.encode_pool, run)
 
     async def tokenize(self, prompt: Any, field: str) -> Any:
         """Text or chat messages → token ids on the tokenizer thread, after the character
@@ -105,6 +119,7 @@ class ServeState:
             raise HTTPError(f"server: {self.loop.num_pending} requests are queued or running; "
                             "retry later", None, 503)  # before paying for tokenization
         prompt = await self.tokenize(parsed.prompt, parsed.prompt_field)
+        self.check_budget(parsed, len(prompt) if isinstance(prompt, list) else 0)
         try:
             ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream,
                                       logprobs=parsed.logprobs)
@@ -125,6 +140,32 @@ class ServeState:
             raise admission_error(first.message, parsed.prompt_field)
         assert isinstance(first, Admitted)
         return ticket, sink, first
+
+    def check_budget(self, parsed: ParsedRequest, prompt_len: int) -> None:
+        """A 400 naming the field before any work when the answer's log-probability tables
+        would exceed ``max_logprob_entries`` (every choice of the HTTP request counted)."""
+        lp = parsed.logprobs
+        if lp is None:
+            return
+        max_new = max(min(parsed.sampling.max_new_tokens, self.max_model_len - prompt_len), 0)
+        mode = "none" if not parsed.stream else (
+            "incremental" if not parsed.cumulative else "cumulative")
+        entries = parsed.fanout * logprob_entries(lp, prompt_len, max_new, self.vocab_size,
+                                                  mode)
+        limit = self.limits.max_logprob_entries
+        if entries <= limit:
+            return
+        field = parsed.logprobs_field or ("top_logprobs_num" if lp.top_k else
+                                          "logprob_start_len" if lp.start is not None else
+                                          "return_logprob")
+        how = {"cumulative": "a stream repeating the tables in every chunk (the server's "
+                             "incremental streaming sends each row once)",
+               "incremental": "a stream (the prompt's table is repeated in every chunk)",
+               "none": "the answer"}[mode]
+        per = 1 + min(lp.top_k, self.vocab_size)
+        raise HTTPError(f"{field}: {entries} log-probability entries ({per} per position, "
+                        f"{how}) is more than this server sends for one request ({limit}); "
+                        "ask for fewer alternatives, positions or tokens", field)
 
     async def final(self, request: Any, ticket: Ticket, sink: AsyncSink) -> Chunk | None:
         """The final chunk, or None if the client disconnected first (request aborted)."""

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.core import LogprobParams
 from workbench.errors import ConfigError
 from workbench.serve.protocol import HTTPError, parse_json_object
 from workbench.serve.web import H11Protocol, JSONResponse, h11, uvicorn
@@ -38,10 +39,15 @@ class ServeLimits:
     health_step_s: float = 60.0  # /health is red while a step or command runs longer
     retry_after_s: int = 1
     api_key: str | None = None
+    # log-probability entries (a token's own + its alternatives, per position) one answer may
+    # send in all, streamed chunks included (:func:`logprob_entries`)
+    max_logprob_entries: int = 1 << 20
+    # SGLang's --incremental-streaming-output: /generate streams send only what is new
+    incremental_streaming: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_waiting", "limit_concurrency", "max_header_bytes",
-                     "retry_after_s"):
+                     "retry_after_s", "max_logprob_entries"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"ServeLimits.{name}: must be an integer >= 1, got {v!r}")
@@ -56,10 +62,35 @@ class ServeLimits:
                                   f"got {v!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ConfigError("ServeLimits.api_key: must be a non-empty string or None")
+        if not isinstance(self.incremental_streaming, bool):
+            raise ConfigError("ServeLimits.incremental_streaming: must be true or false, got "
+                              f"{self.incremental_streaming!r}")
 
     def prompt_chars(self, max_model_len: int) -> int:
         return self.max_prompt_chars or 32 * max_model_len
 
+
+
+def logprob_entries(lp: LogprobParams | None, prompt_len: int, max_new: int, vocab: int,
+                    stream: str) -> int:
+    """The most log-probability entries one answer can send: per position the token's own
+    and ``top_k`` alternatives (at most the vocabulary), for the prompt from ``lp.start`` and
+    up to ``max_new`` output tokens. ``stream``: ``"none"``; ``"cumulative"`` (SGLang's default:
+    every chunk repeats the tables so far, one chunk per output token at most) or
+    ``"incremental"`` (each chunk only its new output rows; the prompt's table is repeated in
+    every chunk, as SGLang does)."""
+    if lp is None:
+        return 0
+    per = 1 + min(lp.top_k, vocab)
+    prompt_rows = 0 if lp.start is None else max(prompt_len - lp.start, 0)
+    c = max_new
+    if stream == "cumulative":
+        rows = prompt_rows * c + c * (c + 1) // 2
+    elif stream == "incremental":
+        rows = prompt_rows * c + c
+    else:
+        rows = prompt_rows + c
+    return per * rows
 
 
 def bounded_h11(read_timeout_s: float) -> type[H11Protocol]:

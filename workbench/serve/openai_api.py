@@ -26,6 +26,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from jinja2 import TemplateError
+
 from workbench.core import LogprobParams, RequestOutput
 from workbench.serve.frontend import (
     AbortingStream,
@@ -147,6 +149,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         lp = None
         if req.logprobs is not None:
             lp = LogprobParams(top_k=req.logprobs, start=0 if req.echo else None)
+        lp_field = "top_logprobs" if req.prompt_field == "messages" else "logprobs"
         choices: list[_Choice] = []
         try:
             for i, p in enumerate(prompts):
@@ -157,7 +160,8 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                                   st.max_model_len)
                 for j in range(req.n):
                     parsed = ParsedRequest(p, req.choice_sampling(j), req.stream, field,
-                                           logprobs=lp)
+                                           logprobs=lp, fanout=len(prompts) * req.n,
+                                           logprobs_field=lp_field)
                     ticket, sink, adm = await st.admit(parsed)
                     choices.append(_Choice(i * req.n + j, ticket, sink, adm.prompt_tokens))
         except BaseException:
@@ -211,14 +215,23 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         got = await st.finals(request, [(c.ticket, c.sink) for c in choices])
         if got is None:
             return Response(status_code=499)
-        out_choices = []
-        for c, chunk in zip(choices, got, strict=True):
+        for chunk in got:
             check_failed(chunk)
-            assert chunk.output is not None
-            out_choices.append({"index": c.index, **shape(c, chunk, chunk.output),
-                                "finish_reason": openai_finish_reason(chunk.finish_reason)})
-        return {**head, "choices": out_choices,
-                "usage": usage(req, choices, sum(len(g.token_ids) for g in got))}
+
+        def build() -> dict[str, Any]:
+            assert got is not None
+            out_choices = []
+            for c, chunk in zip(choices, got, strict=True):
+                assert chunk.output is not None
+                out_choices.append({"index": c.index, **shape(c, chunk, chunk.output),
+                                    "finish_reason": openai_finish_reason(chunk.finish_reason)})
+            return {**head, "choices": out_choices,
+                    "usage": usage(req, choices, sum(len(g.token_ids) for g in got))}
+
+        if req.logprobs is None:
+            return build()
+        # log-probability tables are built and serialized off the event loop
+        return Response(await st.encode(build), media_type="application/json")
 
     def usage_event(req: OpenAIRequest, choices: list[_Choice], head: dict[str, Any],
                     done_toks: dict[int, int]) -> bytes:
@@ -295,8 +308,12 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                             f"({st.max_prompt_chars})", "messages")
 
         def render() -> list[int]:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=False)
+            try:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=False)
+            except TemplateError as e:  # the template's raise_exception: a client error
+                raise HTTPError(f"messages: the chat template refuses these messages: {e}",
+                                "messages") from None
             return list(tokenizer.encode(text, add_special_tokens=False))
 
         ids = await asyncio.get_running_loop().run_in_executor(st.tokenizer_pool, render)

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import SamplingParams
+from workbench.config import SEED_MAX, SamplingParams
 from workbench.serve.protocol import (
     HTTPError,
     build_sampling,
@@ -79,6 +79,12 @@ class OpenAIRequest:
     echo: bool
     prompt_field: str
     max_tokens_field: str | None = None
+
+    def __post_init__(self) -> None:
+        seed = self.sampling.seed
+        if seed is not None and seed + self.n - 1 > SEED_MAX:
+            raise HTTPError(f"seed: choice j samples with seed + j, so with n={self.n} the seed "
+                            f"must be at most 2**64 - {self.n}, got {seed}", "seed")
 
     def choice_sampling(self, j: int) -> SamplingParams:
         sp = self.sampling

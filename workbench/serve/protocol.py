@@ -60,6 +60,9 @@ class ParsedRequest:
     model: str | None = None
     logprobs: LogprobParams | None = None  # return_logprob / OpenAI logprobs
     return_text_in_logprobs: bool = False
+    fanout: int = 1  # choices of the HTTP request it belongs to (OpenAI: prompts x n)
+    cumulative: bool = False  # a stream whose every chunk repeats the whole answer so far
+    logprobs_field: str | None = None  # the field a log-probability budget error names
 
 
 # ---- primitive checks -----------------------------------------------------------------------
@@ -73,6 +76,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise HTTPError(f"body: malformed JSON ({e})", "body") from None
     except RecursionError:
         raise HTTPError("body: JSON nested too deeply", "body") from None
+    except ValueError as e:  # an integer longer than Python converts (sys.int_info)
+        raise HTTPError(f"body: a number in the JSON is out of range ({e})", "body") from None
     if not isinstance(body, dict):
         raise HTTPError(f"body: expected a JSON object, got {type(body).__name__}", "body")
     return body
@@ -111,13 +116,26 @@ def expect_bool(v: Any, field: str) -> bool:
     return v
 
 
+# What one request's stop strings may cost (the automaton that matches them is built per
+# request; a stream holds back up to the longest one per chunk: engine/stops.py)
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 4096  # all of a request's stop strings together
+
+
 def stop_strings(v: Any, field: str) -> tuple[str, ...]:
     if v is None:
         return ()
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
-        raise HTTPError(f"{field}: expected a non-empty string or a list of them, got {v!r}",
-                        field)
+        raise HTTPError(f"{field}: expected a non-empty string or a list of them, got "
+                        f"{type_name(v)}", field)
+    if len(items) > MAX_STOP_STRINGS:
+        raise HTTPError(f"{field}: at most {MAX_STOP_STRINGS} stop strings per request, got "
+                        f"{len(items)}", field)
+    total = sum(len(s) for s in items)
+    if total > MAX_STOP_CHARS:
+        raise HTTPError(f"{field}: the stop strings have {total} characters in all; at most "
+                        f"{MAX_STOP_CHARS} per request", field)
     for s in items:
         check_utf8(s, field)
     return tuple(items)

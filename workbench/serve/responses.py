@@ -60,12 +60,13 @@ LogprobEntry = list[Any]  # [logprob | None, token_id, text | None] (SGLang's tu
 
 
 def sglang_logprobs(output: RequestOutput, decode: Callable[[int], str] | None,
-                    ) -> dict[str, Any]:
+                    first_output: int = 0) -> dict[str, Any]:
     """SGLang's logprob fields of ``meta_info`` (``return_logprob``): input_token_logprobs,
     output_token_logprobs (``[logprob, token_id, text or None]`` each; text with
     ``return_text_in_logprobs``, i.e. ``decode`` given), with ``top_logprobs_num`` also
     input_top_logprobs / output_top_logprobs (per position a list of such entries, None for the
-    first prompt token, which has no context)."""
+    first prompt token, which has no context). Output rows from ``first_output`` on (an
+    incremental stream sends each once; the prompt's rows always, as SGLang)."""
     def entry(lp: float | None, tok: int) -> LogprobEntry:
         return [lp, tok, None if decode is None else decode(tok)]
 
@@ -78,19 +79,25 @@ def sglang_logprobs(output: RequestOutput, decode: Callable[[int], str] | None,
         "input_token_logprobs": [entry(lp, t) for lp, t in
                                  zip(output.input_logprobs or [], prompt, strict=False)],
         "output_token_logprobs": [entry(lp, t) for lp, t in
-                                  zip(output.output_logprobs or [], output.token_ids,
-                                      strict=False)],
+                                  zip((output.output_logprobs or [])[first_output:],
+                                      output.token_ids[first_output:], strict=False)],
     }
     d["output_token_logprobs_length"] = len(d["output_token_logprobs"])
     if output.output_top_logprobs is not None:
         d["input_top_logprobs"] = tops(output.input_top_logprobs)
-        d["output_top_logprobs"] = tops(output.output_top_logprobs)
+        d["output_top_logprobs"] = tops(output.output_top_logprobs[first_output:])
     return d
 
 
 def openai_finish_reason(reason: str | None) -> str | None:
     """OpenAI's finish_reason strings; aborts and errors keep their own name."""
     return reason or None
+
+
+def json_bytes(payload: Any) -> bytes:
+    """A JSON answer's body, as Starlette's JSONResponse writes it."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode()
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:

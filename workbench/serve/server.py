@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import socket
 import sys
 import threading
@@ -247,12 +248,39 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+API_KEY_ENV = "WORKBENCH_API_KEY"
+
+
+def api_key_from_args(ns: argparse.Namespace) -> str | None:
+    """The API key: ``--api-key-file`` (its first line), ``--api-key`` (visible in the process
+    list, so a warning), else the ``WORKBENCH_API_KEY`` environment variable, else None."""
+    if ns.api_key and ns.api_key_file:
+        raise ConfigError("--api-key/--api-key-file: give one of them")
+    if ns.api_key_file:
+        try:
+            lines = Path(ns.api_key_file).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--api-key-file: cannot read {ns.api_key_file}: {e}") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ConfigError(f"--api-key-file: {ns.api_key_file} has no key on its first line")
+        return key
+    if ns.api_key:
+        log.warning("--api-key is visible to every local user (/proc/*/cmdline); prefer "
+                    "--api-key-file or %s", API_KEY_ENV)
+        return str(ns.api_key)
+    env = os.environ.get(API_KEY_ENV, "").strip()
+    return env or None
+
+
 def limits_from_args(ns: argparse.Namespace) -> ServeLimits:
     """``serve`` flags → ServeLimits (ConfigError naming the flag's field)."""
     return ServeLimits(max_body_bytes=ns.max_body_bytes, max_prompt_chars=ns.max_prompt_chars,
                        max_waiting=ns.max_waiting, limit_concurrency=ns.limit_concurrency,
                        read_timeout_s=ns.read_timeout, keep_alive_s=ns.keep_alive_timeout,
-                       health_step_s=ns.health_step_timeout, api_key=ns.api_key or None)
+                       health_step_s=ns.health_step_timeout, api_key=api_key_from_args(ns),
+                       max_logprob_entries=ns.max_logprob_entries,
+                       incremental_streaming=ns.incremental_streaming_output)
 
 
 def spec_from_args(ns: argparse.Namespace) -> Any:

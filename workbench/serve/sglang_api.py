@@ -14,6 +14,7 @@ and answers ``{"text", "output_ids", "meta_info"}``, ``meta_info`` as SGLang sha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -112,6 +113,9 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
         if items is not None:
             return await generate_batch(request, st, live, items, t0, response_body)
         parsed = parse_generate(raw)
+        incremental = parsed.stream and limits.incremental_streaming
+        if parsed.stream and not incremental:
+            parsed = dataclasses.replace(parsed, cumulative=True)
         rid = parsed.rid or uuid.uuid4().hex
         live.check_free([rid])
         ticket, sink, adm = await st.admit(parsed)
@@ -126,12 +130,21 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
             if c is None:
                 return Response(status_code=499)
             check_failed(c)
-            return body(c)
+            if parsed.logprobs is None:
+                return body(c)
+            done = c  # a big answer is built and serialized off the event loop
+            return Response(await st.encode(lambda: body(done)), media_type="application/json")
 
         async def events() -> AsyncIterator[bytes]:
             try:
+                sent_ids, sent_text = 0, ""
                 async for c in st.chunks(ticket, sink):
-                    yield sse(body(c))
+                    make = functools.partial(body, c, *((sent_ids, sent_text) if incremental
+                                                        else (0, "")))
+                    # log-probability tables are built and serialized off the event loop
+                    yield sse(make()) if parsed.logprobs is None else \
+                        await st.encode(make, True)
+                    sent_ids, sent_text = len(c.token_ids), c.text
                 yield sse("[DONE]")
             finally:
                 live.remove(rid, ticket)
@@ -144,17 +157,20 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
 
 
 def response_body(engine: Any, parsed: ParsedRequest, rid: str, prompt_tokens: int,
-                  t0: float) -> Callable[[Chunk], dict[str, Any]]:
+                  t0: float) -> Callable[..., dict[str, Any]]:
     """Chunk → SGLang's ``{"text", "output_ids", "meta_info"}`` for the request ``parsed``
-    (id ``rid``, received at ``t0``)."""
+    (id ``rid``, received at ``t0``). ``body(c, sent_ids, sent_text)``: only what is new
+    since ``sent_ids`` tokens and ``sent_text`` were sent (SGLang's
+    --incremental-streaming-output: text, output_ids and the output log-probability rows)."""
     decode = _token_decoder(engine) if parsed.return_text_in_logprobs else None
 
-    def body(c: Chunk) -> dict[str, Any]:
+    def body(c: Chunk, sent_ids: int = 0, sent_text: str = "") -> dict[str, Any]:
         meta = meta_info(rid, prompt_tokens, c.token_ids, c.finish_reason,
                          time.perf_counter() - t0, c.error, c.matched_stop, c.output,
                          c.num_draft_tokens)
         if parsed.logprobs is not None and c.output is not None:
-            meta.update(sglang_logprobs(c.output, decode))
-        return {"text": c.text, "output_ids": c.token_ids, "meta_info": meta}
+            meta.update(sglang_logprobs(c.output, decode, sent_ids))
+        return {"text": c.text[len(sent_text):], "output_ids": c.token_ids[sent_ids:],
+                "meta_info": meta}
 
     return body

@@ -150,7 +150,9 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
     if cap is not None and len(items) > cap:
         raise HTTPError(f"{field}: a batch of {len(items)} prompts is more than this server "
                         f"holds at once ({cap} requests queued or running); split it", field)
-    parsed = parse_items(items)
+    # the log-probability budget counts every item, and a batch's stream repeats (cumulative)
+    parsed = [dataclasses.replace(p, fanout=len(items), cumulative=p.stream)
+              for p in parse_items(items)]
     rids = [p.rid or uuid.uuid4().hex for p in parsed]
     live.check_free(rids)
     admitted: list[tuple[Ticket, AsyncSink, int]] = []
@@ -181,7 +183,12 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
             return Response(status_code=499)
         for c in got:
             check_failed(c)
-        return [body(c) for body, c in zip(bodies, got, strict=True)]
+        if all(p.logprobs is None for p in parsed):
+            return [body(c) for body, c in zip(bodies, got, strict=True)]
+        done = got  # log-probability tables are built and serialized off the event loop
+        return Response(await st.encode(lambda: [body(c) for body, c in
+                                                 zip(bodies, done, strict=True)]),
+                        media_type="application/json")
 
     async def events() -> AsyncIterator[bytes]:
         try:
