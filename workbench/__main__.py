@@ -147,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     mp.set_defaults(fn=cmd_make_prompts)
 
     b = sub.add_parser("bench",
-                       help="benchmarks: spec | peers | concurrency | threshold | shapes")
+                       help="benchmarks: spec | peers | concurrency | threshold | shapes | k0 "
+                            "| load")
     b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold", "shapes",
-                                     "k0"])
+                                     "k0", "load"])
     b.add_argument("--model", default=DEFAULT_TARGET)
     b.add_argument("--draft", default=DEFAULT_DRAFT)
     b.add_argument("--url", default=None, help="benchmark a running server instead")

@@ -9,7 +9,9 @@
 * threshold: baseline vs eagle3 sweep → crossover batch size and a suggested BatchThreshold(n);
 * k0: the K=0 tax of the default SpecConfig (BatchThreshold(0) vs baseline, interleaved);
 * shapes: speedup vs target shape at a simulated accept length, random-weight pairs
-  (``workbench.bench.shapes``): which pair shape this machine needs for a given speedup.
+  (``workbench.bench.shapes``): which pair shape this machine needs for a given speedup;
+* load: baseline and EAGLE-3 at bs=1 alone and beside one competing CPU-bound process pinned
+  to a core, which it starts and stops itself (``workbench.bench.load``).
 
 Prompts come from ``data/prompts/heldout.jsonl`` (``python -m workbench make-prompts``).
 
@@ -28,16 +30,17 @@ from __future__ import annotations
 
 import argparse
 
-from workbench.bench.cli_bs1 import bench_peers, bench_shapes, bench_spec
+from workbench.bench.cli_bs1 import bench_load, bench_peers, bench_shapes, bench_spec
 from workbench.bench.cli_output import COMMAND, announce_conditions
 from workbench.bench.cli_sweeps import bench_concurrency, bench_http, bench_k0, bench_threshold
 from workbench.errors import ConfigError
 
-__all__ = ["COMMANDS", "bench_concurrency", "bench_http", "bench_k0", "bench_peers",
-           "bench_shapes", "bench_spec", "bench_threshold", "command_of", "run"]
+__all__ = ["COMMANDS", "bench_concurrency", "bench_http", "bench_k0", "bench_load",
+           "bench_peers", "bench_shapes", "bench_spec", "bench_threshold", "command_of", "run"]
 
 COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,
-            "threshold": bench_threshold, "shapes": bench_shapes, "k0": bench_k0}
+            "threshold": bench_threshold, "shapes": bench_shapes, "k0": bench_k0,
+            "load": bench_load}
 
 
 def command_of(ns: argparse.Namespace) -> str:

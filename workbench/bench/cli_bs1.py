@@ -4,7 +4,9 @@
 * peers: transformers generate / static + compiled / prompt lookup / assisted vs ours
   (``workbench.bench.peers``);
 * shapes: speedup vs target shape at a simulated accept length, random-weight pairs
-  (``workbench.bench.shapes``).
+  (``workbench.bench.shapes``);
+* load: baseline and EAGLE-3 alone and beside a competing CPU-bound process it starts and
+  stops itself, with the goals of ``workbench.bench.load``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import pandas as pd
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, print_choices, run_choices, show, stamp
@@ -130,3 +134,37 @@ def bench_shapes(ns: argparse.Namespace) -> int:
     stamp(path, flags, load.as_dict(), None, "shapes", df)
     print(f"\nresults: {path}")
     return finish(ns, True, flags)
+
+
+def bench_load(ns: argparse.Namespace) -> int:
+    from workbench.bench.load import run_load_bench, verdict
+    from workbench.bench.sanity import LoadSampler
+
+    shape = args.spec(ns)
+    prompts = args.prompts(ns)
+    engine = args.engine(ns, need_draft=True)
+    try:
+        print_choices(engine)
+        with LoadSampler() as load:
+            res = run_load_bench(engine, prompts, shape, max_new_tokens=args.max_new(ns),
+                                 repeats=args.repeats(ns))
+        choices = run_choices(engine)
+    finally:
+        engine.close()
+    show(f"bs=1 greedy, alone vs beside one CPU-bound process pinned to a core "
+         f"(S{shape.num_steps}K{shape.topk}N{shape.num_draft_tokens})", res.summary)
+    show("goals (issue 26)", res.goals)
+    print(verdict(res))
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res.rows.to_csv(out / "load_per_prompt.csv", index=False)
+    res.summary.to_csv(out / "load.csv", index=False)
+    path = out / "load.json"
+    path.write_text(json.dumps({"summary": json_records(res.summary),
+                                "goals": json_records(res.goals), "phases": res.phases},
+                               indent=2, default=str) + "\n")
+    flags: list[object] = []
+    stamp(path, flags, load.as_dict(), {"engine_choices": choices}, "load",
+          pd.concat([res.summary, res.goals], ignore_index=True))
+    print(f"\nresults: {path}")
+    return finish(ns, bool(res.summary["lossless"].all()), flags)

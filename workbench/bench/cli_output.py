@@ -62,8 +62,11 @@ def run_choices(engine: Any) -> dict[str, Any]:
     ch = dict(getattr(engine, "choices", None) or {})
     mon = getattr(engine, "contention", None)
     if mon is not None and mon.log:
+        from workbench.machine import cpu_model
+
         ch["adaptations"] = {"choice": f"{len(mon.log)} thread-count re-measurement(s)",
                              "source": "measured", "provisional": True,
+                             "conditions": {**mon.log[-1].conditions, "cpu": cpu_model()},
                              "log": [{"reason": a.reason, "before": a.before, "after": a.after,
                                       "conditions": a.conditions} for a in mon.log]}
     return ch

@@ -1,0 +1,94 @@
+"""``bench load``: the competitor it starts is pinned and always stopped; the goals follow the
+figures; an alone phase that was itself busy cannot decide them; the CLI saves it all."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench.__main__ import main
+from workbench.bench import load
+from workbench.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="bench load pins a competitor beside the engine: needs 2 cores")
+
+
+def test_competitor_is_pinned_and_stopped() -> None:
+    c = load.Competitor()
+    with c:
+        assert c.running and c.proc is not None
+        assert os.sched_getaffinity(c.proc.pid) == {max(os.sched_getaffinity(0))}
+        proc = c.proc
+    assert not c.running and proc.poll() is not None  # stopped, reaped
+    with pytest.raises(RuntimeError, match="boom"), load.Competitor() as c2:
+        proc = c2.proc
+        raise RuntimeError("boom")
+    assert proc is not None and proc.poll() is not None  # stopped when the block raised
+    with pytest.raises(ConfigError, match="core 4096 is not one of"):
+        load.Competitor(core=4096)
+
+
+def _rows(alone: tuple[float, float], busy: tuple[float, float]) -> pd.DataFrame:
+    rows = []
+    for cond, (b, e) in (("alone", alone), ("competing", busy)):
+        rows += [{"condition": cond, "arm": "baseline", "tokens": 100, "seconds": 100 / b,
+                  "lossless": True},
+                 {"condition": cond, "arm": "eagle3", "tokens": 100, "seconds": 100 / e,
+                  "lossless": True}]
+    return pd.DataFrame(rows)
+
+
+def test_goals_follow_the_figures() -> None:
+    summary, goals = load.summarize(_rows((100.0, 200.0), (80.0, 150.0)))
+    g = goals.set_index("goal")
+    assert g.loc["baseline tok/s competing / alone", "figure"] == pytest.approx(0.8)
+    assert g.loc["eagle3 tok/s competing / alone", "figure"] == pytest.approx(0.75)
+    assert goals["met"].tolist() == [True, True, True]  # ratio 1.875 vs 2.0: -6 %
+    assert summary.set_index(["condition", "arm"]).loc[("competing", "eagle3"), "speedup"] == \
+        pytest.approx(1.875)
+    _, goals = load.summarize(_rows((100.0, 200.0), (20.0, 25.0)))
+    assert goals["met"].tolist() == [False, False, False]  # the collapse the issue saw
+
+
+def test_busy_alone_phases_cannot_decide_the_goals() -> None:
+    summary, goals = load.summarize(_rows((100.0, 200.0), (80.0, 150.0)))
+    phases = [{"condition": "alone", "conditions": {"contended": True, "others": 1.7}},
+              {"condition": "competing", "conditions": {"contended": True, "others": 2.0}}]
+    goals["assessable"] = False
+    res = load.LoadBenchResult(pd.DataFrame(), summary, goals, phases)
+    assert load.verdict(res).startswith("goals not assessable: the alone phases were "
+                                        "themselves contended (other processes used 1.7 cores)")
+    goals["assessable"] = True
+    assert load.verdict(res) == "every goal met"
+
+
+def test_bench_load_cli(micro_target: Path, random_head: Path, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[load.Competitor] = []
+
+    class Recorded(load.Competitor):
+        def start(self) -> load.Competitor:
+            started.append(self)
+            return super().start()
+
+    monkeypatch.setattr(load, "Competitor", Recorded)
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    out = tmp_path / "res"
+    argv = ["bench", "load", "--model", str(micro_target), "--draft", str(random_head),
+            "--prompts", "2", "--max-new-tokens", "4", "--spec", "2,2,4", "--out", str(out)]
+    assert main(argv) == 0
+    assert len(started) == 1 and not started[0].running  # one competing phase, stopped
+    doc = json.loads((out / "load.json").read_text())
+    assert [p["condition"] for p in doc["phases"]] == ["alone", "competing"]
+    assert {g["goal"].split(" ")[0] for g in doc["goals"]} == {"baseline", "eagle3",
+                                                               "EAGLE-3/baseline"}
+    assert all(r["lossless"] for r in doc["summary"])
+    assert "conditions" in doc and doc["conditions"]["choices"]
+    table = pd.read_csv(out / "load.csv")
+    assert set(table["condition"]) == {"alone", "competing"}
