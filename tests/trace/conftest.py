@@ -10,6 +10,7 @@ from trace_samples import tree_step1, tree_step2, unverified_tree
 from workbench.trace import (
     DraftStep,
     Event,
+    ExpertRouting,
     InitStage,
     KVUsage,
     PolicyDecision,
@@ -76,6 +77,8 @@ def sample_events() -> list[Event]:
             t=1.2,
         ),
         KVUsage(step=1, used_blocks=3, total_blocks=12, used_tokens=40, t=1.3),
+        ExpertRouting(step=1, kind="verify", tokens=7, top_k=2, layers=[1, 3],
+                      counts=[[5, 0, 4, 5], [0, 0, 14, 0]], t=1.25),
         t2,
         v2,
         unverified_tree(),

@@ -77,7 +77,7 @@ def _listify(x: Any) -> Any:
 
 
 def test_registry_names_every_event_class() -> None:
-    assert len(EVENT_TYPES) == 11
+    assert len(EVENT_TYPES) == 12
     for name, cls in EVENT_TYPES.items():
         assert cls.__name__ == name and issubclass(cls, Event)
         assert dataclasses.is_dataclass(cls) and hasattr(cls, "__slots__")

@@ -135,3 +135,13 @@ def test_small_frames(sample_events: list[Event]) -> None:
     assert frame(sample_events, "admitted")["max_new_tokens"].iloc[0] == 16
     pre = frame(sample_events, "prefill")
     assert pre["num_requests"].iloc[0] == 1 and pre["rids"].iloc[0] == [7]
+
+
+def test_expert_coverage_frame(sample_events: list[Event]) -> None:
+    df = frame(sample_events, "expert_coverage")
+    assert list(df["layer"]) == [1, 3] and list(df["distinct"]) == [3, 1]
+    assert list(df["num_experts"]) == [4, 4] and list(df["max_load"]) == [5, 14]
+    assert list(df["kind"]) == ["verify", "verify"] and list(df["tokens"]) == [7, 7]
+    # E·(1 − (1 − k/E)^tokens) = 4·(1 − 0.5^7)
+    assert df["expected_uniform"].iloc[0] == pytest.approx(4 * (1 - 0.5**7))
+    assert df["counts"].iloc[1] == [0, 0, 14, 0]

@@ -115,7 +115,7 @@ class PagedAttention:
         return t
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (T, H, hd), k/v (T, Hkv, hd) → (T, H, hd)."""
+        """q (T, H, hd), k/v (T, Hkv, hd) → (T, H, hd) (v's hd when it differs: MLA)."""
         b, lq = self.q_shape
         if self.span_k is not None and self.span_v is not None:  # one request, one run of slots
             assert self.run_k is not None and self.run_v is not None
@@ -128,7 +128,7 @@ class PagedAttention:
             vp.index_copy_(0, self.write_slots, v)
             shape = (*self.kv_index.shape, *kp.shape[1:])
             kk = kp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)  # (B, Hkv, Lk, hd)
-            vv = vp.index_select(0, self.kv_flat).view(shape).transpose(1, 2)
+            vv = vp.index_select(0, self.kv_flat).view(*shape[:-1], vp.shape[-1]).transpose(1, 2)
         if self.q_index is None:
             qq = q.view(b, lq, *q.shape[1:])
         else:
@@ -136,5 +136,5 @@ class PagedAttention:
             qq = qq.view(b, lq, *q.shape[1:])
         o = F.scaled_dot_product_attention(qq.transpose(1, 2), kk, vv, attn_mask=self.mask,
                                            is_causal=self.is_causal, enable_gqa=self.gqa)
-        o = o.transpose(1, 2).reshape(b * lq, *q.shape[1:])
+        o = o.transpose(1, 2).reshape(b * lq, q.shape[1], vv.shape[-1])  # MLA: v dim < q dim
         return o if self.q_index is None else o[self.q_index]

@@ -320,6 +320,9 @@ def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
     want = engine.config.gemm
     if want != "auto":
         return Choice("gemm", want, "forced", (want,))
+    if "onednn" not in engine.target.gemm_paths:
+        return Choice("gemm", "dense", "only", ("dense",),
+                      note=f"a {type(engine.target).__name__} runs dense GEMMs only")
     w = engine.target.lm_head.weight
     if not onednn_ok(w):
         return Choice("gemm", "dense", "only", ("dense",),

@@ -279,6 +279,10 @@ def compile_stage(engine: Any) -> str:
     if engine.graphs is not None:
         return done(autotune.Choice("compile", "off", "only", ("eager",),
                                     note="another step runner is installed"))
+    if not engine.target.compilable:
+        return done(autotune.Choice("compile", "off", "only", ("eager",),
+                                    note=f"a {type(engine.target).__name__} routes by data: "
+                                         "no fixed graph to compile"))
     if mode == "off":
         return done(autotune.Choice("compile", "off", "forced", cands))
     path = autotune.cache_path()

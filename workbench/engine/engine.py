@@ -60,6 +60,7 @@ class Engine:
         self.hooks = self.trace.hooks
         self.out = OutputProcessor(self.stats, self.trace)
         self.worker = EagleWorker(self.runner, self.out, self.stats, self.trace)
+        self.runner.trace = self.trace  # ExpertRouting events (MoE targets)
         self.requests: dict[int, Request] = {}
         self.step_id = 0
         self.baseline_only = False

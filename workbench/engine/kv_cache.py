@@ -3,6 +3,10 @@
 One block table per request serves both the target pool (L layers) and the draft pool (one
 layer): the draft's entry for position p lives in the same slot. Nothing is reallocated after
 init; acceptance compacts by index (STYLE.md item 9).
+
+A latent-attention target (DeepSeek-V3's MLA) caches one shared "head" per token and layer, the
+latent followed by the rope key; its value is the latent itself, so ``v`` is a view of ``k``'s
+first ``v_dim`` columns (``v_dim`` given): the pool stores the latent once.
 """
 
 from __future__ import annotations
@@ -13,16 +17,20 @@ from workbench.errors import KVExhausted
 
 
 class KVPool:
-    """k/v: (L, num_slots, Hkv, hd) preallocated; a free list of page-sized blocks."""
+    """k/v: (L, num_slots, Hkv, hd) preallocated; a free list of page-sized blocks.
+    ``v_dim``: values are ``k[..., :v_dim]`` (a view; latent attention), not a second pool."""
 
     def __init__(self, num_blocks: int, page_size: int, layers: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: str,
-                 draft_shape: tuple[int, int] | None = None) -> None:
+                 draft_shape: tuple[int, int] | None = None, v_dim: int | None = None) -> None:
         self.page_size = page_size
         self.num_blocks = num_blocks
         slots = num_blocks * page_size
         self.k = torch.zeros(layers, slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        if v_dim is not None and not 0 < v_dim <= head_dim:
+            raise ValueError(f"KVPool.v_dim: {v_dim} not in (0, head_dim={head_dim}]")
+        self.v_shares_k = v_dim is not None
+        self.v = self.k[..., :v_dim] if v_dim is not None else torch.zeros_like(self.k)
         if draft_shape is not None:
             self.dk: torch.Tensor | None = torch.zeros(1, slots, *draft_shape, dtype=dtype,
                                                        device=device)
@@ -37,7 +45,7 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        n = self.k.nbytes + self.v.nbytes
+        n = self.k.nbytes + (0 if self.v_shares_k else self.v.nbytes)
         if self.dk is not None and self.dv is not None:
             n += self.dk.nbytes + self.dv.nbytes
         return n
@@ -92,4 +100,8 @@ class KVPool:
         """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
         from workbench.kernels import compact_kv
 
-        compact_kv(self.k, self.v, src.to(self.k.device), dst.to(self.k.device))
+        src, dst = src.to(self.k.device), dst.to(self.k.device)
+        if self.v_shares_k:  # one pool: gather (a copy), then scatter
+            self.k[:, dst] = self.k[:, src]
+            return
+        compact_kv(self.k, self.v, src, dst)

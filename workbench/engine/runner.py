@@ -11,6 +11,7 @@ its finished plan once.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,13 @@ from workbench.attention import AttentionBackend, backend_name, make_attention_b
 from workbench.config import EngineConfig
 from workbench.core import DraftTree, Request
 from workbench.engine.kv_cache import KVPool
+from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Draft
 from workbench.models.llama import LlamaForCausalLM
+from workbench.models.moe_model import MoeForCausalLM
+from workbench.trace import events as ev
+from workbench.trace.tracer import Dispatcher
 
 
 @dataclass
@@ -40,6 +45,7 @@ class ForwardBatch:
     positions: torch.Tensor  # (Σ q_len,)
     tree_masks: list[torch.Tensor | None] | None = None
     want_aux: bool = False  # also return the draft's features (EAGLE-3 aux layers)
+    kind: str = "prefill"  # prefill | decode | verify (named in ExpertRouting events)
 
     @property
     def q_lens(self) -> list[int]:
@@ -56,13 +62,16 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.target: LlamaForCausalLM | None = None
+        self.target: LlamaForCausalLM | MoeForCausalLM | None = None
         self.draft: Eagle3Draft | None = None
         self.aux_layers: tuple[int, ...] = ()
         self.pool: KVPool | None = None
         self.attn: AttentionBackend | None = None
         self.draft_attn: AttentionBackend | None = None
         self.graphs: object | None = None  # cuda_graphs.GraphRunner / compiled.CompiledSteps
+        # where ExpertRouting events go (the engine's dispatcher), and the step they belong to
+        self.trace: Dispatcher | None = None
+        self.step_id = 0
 
     # -- init stages (called by Engine._init, which owns the order and the error policy) -----
     def load_target(self, path: str | Path) -> str:
@@ -70,7 +79,8 @@ class ModelRunner:
 
         self.target, _, _ = load_target(path, self.config.dtype, self.config.device)
         self.target.fuse(self.config.gemm)
-        return f"gemm={self.target.gemm}"
+        note = self.target.load_note  # e.g. a multimodal checkpoint's skipped vision tower
+        return f"gemm={self.target.gemm}" + (f"; {note}" if note else "")
 
     def load_draft(self, path: str | Path) -> None:
         from workbench.models.loader import load_eagle3
@@ -87,16 +97,22 @@ class ModelRunner:
             dc = self.draft.config
             draft_shape = (dc.num_key_value_heads, dc.head_dim)
         dtype = self.target.model.embed_tokens.weight.dtype if self.target else torch.float32
+        heads, k_dim, v_dim = mc.kv_cache_shape()  # MLA: 1 latent "head", v a view of k
         self.pool = KVPool(cfg.kv_budget_tokens // cfg.page_size, cfg.page_size,
-                           mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, dtype,
-                           cfg.device, draft_shape)
+                           mc.num_hidden_layers, heads, k_dim, dtype, cfg.device, draft_shape,
+                           v_dim=v_dim if v_dim != k_dim else None)
         return self.pool
 
     def attention_backend(self, mc: ModelConfig) -> str:
         assert self.pool is not None
-        self.attn = make_attention_backend(self.config.attention_backend, self.pool.k,
-                                           self.pool.v, mc.num_attention_heads,
-                                           self.pool.page_size)
+        kind = self.config.attention_backend
+        if self.pool.v_shares_k:  # latent attention: key dim != value dim, SDPA only
+            if kind not in ("auto", "torch"):
+                raise ConfigError(f"EngineConfig.attention_backend: {kind!r} cannot run latent "
+                                  "attention (MLA: key and value dims differ); use 'torch'")
+            kind = "torch"
+        self.attn = make_attention_backend(kind, self.pool.k, self.pool.v,
+                                           mc.num_attention_heads, self.pool.page_size)
         return f"backend={backend_name(self.attn)}"
 
     def draft_attention_backend(self) -> None:
@@ -113,6 +129,10 @@ class ModelRunner:
         (status "ok", detail "skipped: ..."); the engine then runs every forward eagerly."""
         if self.device.type != "cuda":
             return "skipped: not a CUDA device"
+        assert self.target is not None
+        if not self.target.graph_capturable:
+            return (f"skipped: a {type(self.target).__name__} routes tokens by data (a captured "
+                    "graph would replay one routing)")
         if not self.config.cuda_graphs:
             return "skipped: EngineConfig.cuda_graphs=False"
         from workbench.engine import cuda_graphs
@@ -151,7 +171,8 @@ class ModelRunner:
         return ForwardBatch(
             [c[0] for c in chunks], [c[1] for c in chunks], [c[2] for c in chunks],
             torch.cat([torch.tensor(r.tokens[s:e], device=dev) for r, s, e in chunks]),
-            torch.cat([torch.arange(s, e, device=dev) for _, s, e in chunks]), None, want_aux)
+            torch.cat([torch.arange(s, e, device=dev) for _, s, e in chunks]), None, want_aux,
+            "prefill")
 
     def decode_batch(self, reqs: list[Request], want_aux: bool) -> ForwardBatch:
         """One token per request: its root (the last token) at position kv_len."""
@@ -159,7 +180,7 @@ class ModelRunner:
         dev = self.device
         return ForwardBatch(reqs, kv, [k + 1 for k in kv],
                             torch.tensor([r.tokens[-1] for r in reqs], device=dev),
-                            torch.tensor(kv, device=dev), None, want_aux)
+                            torch.tensor(kv, device=dev), None, want_aux, "decode")
 
     def verify_batch(self, reqs: list[Request], tree: DraftTree,
                      ride: Sequence[Request] = ()) -> ForwardBatch:
@@ -177,7 +198,7 @@ class ModelRunner:
             masks += [None] * len(ride)
         return ForwardBatch(reqs + list(ride), starts + [r.kv_len for r in ride],
                             [s + n for s in starts] + [r.kv_len + 1 for r in ride], tokens,
-                            positions, masks, want_aux=True)
+                            positions, masks, want_aux=True, kind="verify")
 
     # -- forwards ----------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -195,8 +216,22 @@ class ModelRunner:
             if out is not None:
                 return out  # type: ignore[no-any-return]
         self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
-        return self.target(batch.tokens, batch.positions, self.attn,
-                           self.aux_layers if batch.want_aux else ())
+        result = self.target(batch.tokens, batch.positions, self.attn,
+                             self.aux_layers if batch.want_aux else ())
+        if self.trace is not None and self.trace.enabled and isinstance(self.target,
+                                                                        MoeForCausalLM):
+            self.emit_routing(batch, self.target)
+        return result
+
+    def emit_routing(self, batch: ForwardBatch, target: MoeForCausalLM) -> None:
+        """One ExpertRouting event for the forward just run: tokens per expert per MoE layer
+        (one device→host copy of E ints per layer; only while tracing)."""
+        assert self.trace is not None and target.config.moe is not None
+        routing = target.routing()
+        self.trace.emit(ev.ExpertRouting(
+            t=time.perf_counter(), step=self.step_id, kind=batch.kind, tokens=batch.num_tokens,
+            top_k=target.config.moe.top_k, layers=list(routing),
+            counts=[c.tolist() for c in routing.values()]))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.target is not None

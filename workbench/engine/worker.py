@@ -63,6 +63,7 @@ class EagleWorker:
 
     def begin_step(self, spec: SpecConfig | None, step_id: int) -> None:
         self.spec, self.step_id = spec, step_id
+        self.runner.step_id = step_id  # the step its ExpertRouting events belong to
         self.out.row_errors.clear()
 
     # -- the policy and the extend rule ------------------------------------------------------

@@ -1,20 +1,30 @@
-"""Model configuration parsed from an HF ``config.json`` (Llama, Qwen2, Qwen3 families)."""
+"""Model configuration parsed from an HF ``config.json``: Llama, Qwen2, Qwen3, and the MoE
+families (Mixtral, Qwen3-MoE, DeepSeek-V3, Kimi-K2.5's DeepSeek-V3 ``text_config``; their
+expert and MLA fields: :mod:`workbench.models.moe_config`)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from workbench.errors import ConfigError
+from workbench.models.moe_config import MlaSpec, MoeSpec, parse_mla, parse_moe
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "Kimi_K25ForConditionalGeneration": "deepseek_v3",
 }
+MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+               "mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3",
+               "kimi_k2": "deepseek_v3"}
 
 
 @dataclass(frozen=True)
@@ -40,19 +50,25 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"
+    moe: MoeSpec | None = None  # routed experts (Mixtral, Qwen3-MoE, DeepSeek-V3)
+    mla: MlaSpec | None = None  # latent attention (DeepSeek-V3)
+    # a multimodal checkpoint (Kimi-K2.5): the text model's tensor prefix, and the top-level
+    # tensor prefixes of the parts the runtime does not run (vision tower, projector)
+    text_prefix: str = ""
+    skipped_prefixes: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        if d.get("model_type") == "kimi_k25" or "Kimi_K25ForConditionalGeneration" in (
+                d.get("architectures") or []):
+            return cls._from_kimi(d)
         archs = d.get("architectures") or []
         family = None
         for a in archs:
             if a in SUPPORTED_ARCHITECTURES:
                 family = SUPPORTED_ARCHITECTURES[a]
         if family is None:
-            mt = d.get("model_type")
-            family = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}.get(
-                str(mt)
-            )
+            family = MODEL_TYPES.get(str(d.get("model_type")))
         if family is None:
             raise ConfigError(
                 f"config.architectures: unknown architecture {archs or d.get('model_type')!r}; "
@@ -78,10 +94,16 @@ class ModelConfig:
             rope_theta = rp.get("rope_theta", rope_theta)
             if rp.get("rope_type", "default") != "default":
                 rope_scaling = rp
+        kinds = ("default", "yarn") if family == "deepseek_v3" else ("default", "linear", "llama3")
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-            if kind not in ("default", "linear", "llama3"):
-                raise ConfigError(f"config.rope_scaling: unsupported rope_type {kind!r}")
+            if kind not in kinds:
+                raise ConfigError(f"config.rope_scaling: unsupported rope_type {kind!r} for "
+                                  f"{family} (supported: {', '.join(kinds)})")
+        moe = parse_moe(family, d) if family in ("mixtral", "qwen3_moe", "deepseek_v3") else None
+        mla = parse_mla(d, rope_scaling) if family == "deepseek_v3" else None
+        if mla is not None:  # the rope dims are qk_rope_head_dim; the draft's head is v_head_dim
+            head_dim, kv = mla.v_head_dim, heads
         return cls(
             family=family,
             vocab_size=d["vocab_size"],
@@ -98,11 +120,46 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", family == "qwen2")),
             mlp_bias=bool(d.get("mlp_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos_list,
             torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
+            moe=moe,
+            mla=mla,
         )
+
+    @classmethod
+    def _from_kimi(cls, d: dict[str, Any]) -> ModelConfig:
+        """Kimi-K2.5: the DeepSeek-V3 ``text_config`` is the model; the vision tower and the
+        projector are skipped (named in ``skipped_prefixes``; the loader says so)."""
+        tc = d.get("text_config")
+        if not isinstance(tc, dict):
+            raise ConfigError("config.text_config: a Kimi-K2.5 config needs its DeepSeek-V3 "
+                              "text_config")
+        mt = tc.get("model_type", "deepseek_v3")
+        if mt not in ("deepseek_v3", "kimi_k2"):
+            raise ConfigError(f"config.text_config.model_type: {mt!r} (expected deepseek_v3)")
+        text = {**tc, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
+        # the top-level flag decides (transformers' Kimi_K25Config: default true), not text_config's
+        text["tie_word_embeddings"] = bool(d.get("tie_word_embeddings", True))
+        for key in ("torch_dtype", "dtype"):
+            if key in d and key not in text:
+                text[key] = d[key]
+        base = cls.from_dict(text)
+        return replace(base, text_prefix="language_model.",
+                       skipped_prefixes=("vision_tower.", "mm_projector.", "model.mm_projector.",
+                                         "model.vision_tower."))
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None or self.mla is not None
+
+    def kv_cache_shape(self) -> tuple[int, int, int]:
+        """(heads, key dim, value dim) of one layer's cache entry per token: MLA keeps the
+        latent + rope key (one shared head; the value is the latent, a view of the key)."""
+        if self.mla is not None:
+            return 1, self.mla.cache_dim, self.mla.kv_lora_rank
+        return self.num_key_value_heads, self.head_dim, self.head_dim
 
     @classmethod
     def from_folder(cls, path: str | Path) -> ModelConfig:
@@ -112,6 +169,9 @@ class ModelConfig:
         return cls.from_dict(json.loads(p.read_text()))
 
     def to_hf_dict(self) -> dict[str, Any]:
+        if self.is_moe:
+            raise ConfigError(f"ModelConfig.to_hf_dict: {self.family} configs are read, not "
+                              "written (write them with transformers)")
         arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                 "qwen3": "Qwen3ForCausalLM"}[self.family]
         d: dict[str, Any] = {

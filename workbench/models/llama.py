@@ -208,6 +208,12 @@ class FastLayer:
 class LlamaForCausalLM(nn.Module):
     """Target model. ``forward`` returns final-normed hidden states and optional EAGLE-3 taps."""
 
+    # what the engine may do with it (MoeForCausalLM declares less)
+    gemm_paths: tuple[str, ...] = ("dense", "onednn")
+    compilable = True
+    graph_capturable = True
+    load_note = ""  # what the loader skipped (set by models.loader.load_target)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg

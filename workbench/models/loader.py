@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -14,6 +15,9 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
 from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
+from workbench.models.moe_model import MoeForCausalLM
+
+Target = LlamaForCausalLM | MoeForCausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "float64": torch.float64}
@@ -86,26 +90,66 @@ def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch
         raise CheckpointError(f"unexpected tensors {unknown[:5]} (architecture mismatch?)")
 
 
+def text_tensors(tensors: dict[str, torch.Tensor],
+                 cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], str]:
+    """The text model's tensors under the runtime's names, and a note of what was skipped:
+    a multimodal checkpoint's other parts (Kimi-K2.5: vision tower, projector) and layers past
+    ``num_hidden_layers`` (DeepSeek-V3's multi-token-prediction layers)."""
+    skipped: dict[str, int] = {}
+    out: dict[str, torch.Tensor] = {}
+    layer_re = re.compile(r"^model\.(?:layers|blocks)\.(\d+)\.")
+    for name, t in tensors.items():
+        if cfg.skipped_prefixes and name.startswith(cfg.skipped_prefixes):
+            part = name.split(".")[0] if not name.startswith("model.") else ".".join(
+                name.split(".")[:2])
+            skipped[part] = skipped.get(part, 0) + 1
+            continue
+        if cfg.text_prefix:
+            if not name.startswith(cfg.text_prefix):
+                raise CheckpointError(f"tensor {name!r}: neither under the text model's "
+                                      f"{cfg.text_prefix!r} nor a skipped part "
+                                      f"{list(cfg.skipped_prefixes)}")
+            name = name[len(cfg.text_prefix):]
+        m = layer_re.match(name)
+        if m:
+            if int(m.group(1)) >= cfg.num_hidden_layers:
+                skipped["layers past num_hidden_layers"] = skipped.get(
+                    "layers past num_hidden_layers", 0) + 1
+                continue
+            name = f"model.layers.{m.group(1)}.{name[m.end():]}"
+        out[name] = t
+    note = ", ".join(f"{n} {k} tensors" for k, n in sorted(skipped.items()))
+    return out, (f"skipped {note} (text model only)" if note else "")
+
+
 def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
-                device: str = "cpu") -> tuple[LlamaForCausalLM, ModelConfig, Path]:
+                device: str = "cpu") -> tuple[Target, ModelConfig, Path]:
+    """A target folder → (model, config, folder). Dense families build
+    :class:`LlamaForCausalLM`, MoE families :class:`MoeForCausalLM`; ``model.load_note`` says
+    what a multimodal checkpoint's loader skipped (empty otherwise)."""
     folder = resolve_path(path)
     cfg = ModelConfig.from_folder(folder)
     dt = resolve_dtype(dtype)
+    model: Target
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = MoeForCausalLM(cfg) if cfg.is_moe else LlamaForCausalLM(cfg)
     model = model.to_empty(device=device).to(dt)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    tensors = read_safetensors(folder)
+    tensors, note = text_tensors(read_safetensors(folder), cfg)
     optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_state(model, tensors, dt, optional=optional,
                ignore_prefixes=("model.rotary_emb",))
-    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in the file
+    if isinstance(model, MoeForCausalLM):
+        model.reset_rope(device)
+    else:
+        model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in file
+    model.load_note = note
     model.eval().requires_grad_(False)
     return model, cfg, folder
 
 
-def load_eagle3(path: str | Path, target: LlamaForCausalLM, dtype: str | torch.dtype = "float32",
+def load_eagle3(path: str | Path, target: Target, dtype: str | torch.dtype = "float32",
                 device: str = "cpu") -> tuple[Eagle3Draft, tuple[int, ...]]:
     """Load a LlamaForCausalLMEagle3 checkpoint; refuse one made for another target."""
     folder = resolve_path(path)

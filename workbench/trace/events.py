@@ -226,6 +226,24 @@ class RequestFinished(Event):
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ExpertRouting(Event):
+    """What one target forward routed, per MoE layer (MoE targets only).
+
+    ``kind``: ``prefill``, ``decode`` or ``verify`` (the forward's rows: prompt chunks, one per
+    request, or the draft trees' nodes plus riders); ``tokens``: rows in the forward;
+    ``layers``: the MoE layer ids; ``counts[i][e]``: tokens routed to expert e at ``layers[i]``
+    (a token counts once at each of its ``top_k`` experts, so each list sums to
+    ``tokens·top_k``). Distinct experts touched = non-zero entries."""
+
+    step: int
+    kind: str
+    tokens: int
+    top_k: int
+    layers: list[int]
+    counts: list[list[int]]
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
@@ -240,6 +258,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         StepTiming,
         KVUsage,
         RequestFinished,
+        ExpertRouting,
     )
 }
 

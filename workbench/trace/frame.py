@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from workbench.trace.events import (
     DraftStep,
     Event,
+    ExpertRouting,
     InitStage,
     KVUsage,
     PolicyDecision,
@@ -71,6 +72,11 @@ FRAME_COLUMNS: dict[str, tuple[str, ...]] = {
     # tau = mean of accept_lengths (nan when the request never verified)
     "requests": _cols(
         "t rid reason prompt_len output_len verify_ct tau ttft_s e2e_s error accept_lengths"
+    ),
+    # one row per (ExpertRouting, MoE layer): distinct experts the forward's tokens touched,
+    # beside the uniform-routing expectation E·(1 − (1 − k/E)^tokens); counts: tokens per expert
+    "expert_coverage": _cols(
+        "t step kind tokens layer num_experts top_k distinct expected_uniform max_load counts"
     ),
 }
 
@@ -245,6 +251,25 @@ def _requests_rows(evs: list[Event]) -> list[Row]:
     ]
 
 
+def uniform_coverage(num_experts: int, top_k: int, tokens: int | float) -> float:
+    """Expected distinct experts touched by ``tokens`` tokens each routed to ``top_k`` of
+    ``num_experts`` uniformly at random: E·(1 − (1 − k/E)^tokens)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def _coverage_rows(evs: list[Event]) -> list[Row]:
+    return [
+        {
+            "t": e.t, "step": e.step, "kind": e.kind, "tokens": e.tokens, "layer": layer,
+            "num_experts": len(c), "top_k": e.top_k, "distinct": sum(1 for n in c if n),
+            "expected_uniform": uniform_coverage(len(c), e.top_k, e.tokens),
+            "max_load": max(c, default=0), "counts": list(c),
+        }
+        for e in _of(evs, ExpertRouting)
+        for layer, c in zip(e.layers, e.counts, strict=True)
+    ]
+
+
 _BUILDERS: dict[str, Callable[[list[Event]], list[Row]]] = {
     "events": _events_rows,
     "init": _init_rows,
@@ -259,6 +284,7 @@ _BUILDERS: dict[str, Callable[[list[Event]], list[Row]]] = {
     "policy": _policy_rows,
     "kv": _kv_rows,
     "requests": _requests_rows,
+    "expert_coverage": _coverage_rows,
 }
 FRAME_KINDS: tuple[str, ...] = tuple(FRAME_COLUMNS)
 

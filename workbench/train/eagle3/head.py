@@ -10,7 +10,8 @@ import torch
 from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
-from workbench.models.llama import LlamaForCausalLM, init_weights
+from workbench.models.llama import init_weights
+from workbench.models.loader import Target
 from workbench.train.eagle3.config import DraftTrainConfig
 from workbench.train.eagle3.ttt import target_features, ttt_forward, ttt_unroll
 
@@ -38,7 +39,7 @@ def draft_config(cfg: DraftTrainConfig, mcfg: ModelConfig, aux: tuple[int, ...])
     )
 
 
-def new_draft(cfg: DraftTrainConfig, dcfg: Eagle3Config, target: LlamaForCausalLM,
+def new_draft(cfg: DraftTrainConfig, dcfg: Eagle3Config, target: Target,
               d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Draft:
     """Fresh head: GPT-style init, d2t/t2d set, the target's (frozen) embedding attached."""
     draft = Eagle3Draft(dcfg)
@@ -63,7 +64,7 @@ def head_state(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def evaluate(draft: Eagle3Draft, target: LlamaForCausalLM, aux: tuple[int, ...],
+def evaluate(draft: Eagle3Draft, target: Target, aux: tuple[int, ...],
              windows: np.ndarray, cfg: DraftTrainConfig) -> dict[str, list[float]]:
     """Per-step mean forward KL and top-1 agreement over fixed windows (seq_len each)."""
     draft.eval()
@@ -85,7 +86,7 @@ TEMPERATURE_GRID = tuple(round(0.1 + 0.05 * i, 2) for i in range(39))  # 0.10 ..
 
 
 @torch.no_grad()
-def fit_greedy_temperature(draft: Eagle3Draft, target: LlamaForCausalLM, aux: tuple[int, ...],
+def fit_greedy_temperature(draft: Eagle3Draft, target: Target, aux: tuple[int, ...],
                            windows: np.ndarray, cfg: DraftTrainConfig
                            ) -> tuple[float, dict[str, float]]:
     """Temperature scaling (Guo et al., 2017) of the draft's logits against greedy acceptance.

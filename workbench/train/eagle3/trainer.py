@@ -16,8 +16,7 @@ from tqdm.auto import tqdm
 
 from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
-from workbench.models.llama import LlamaForCausalLM
-from workbench.models.loader import load_target, save_eagle3
+from workbench.models.loader import Target, load_target, save_eagle3
 from workbench.train.eagle3.config import RESUME_FIELDS, DraftTrainConfig
 from workbench.train.eagle3.data import corpus_tokens, eval_windows, regenerated, sample_batch
 from workbench.train.eagle3.head import (
@@ -33,7 +32,7 @@ from workbench.train.eagle3.ttt import build_draft_vocab, target_features, ttt_f
 from workbench.train.loop import lr_at, save_checkpoint
 
 
-def _load_target_checked(cfg: DraftTrainConfig) -> tuple[LlamaForCausalLM, ModelConfig, Path]:
+def _load_target_checked(cfg: DraftTrainConfig) -> tuple[Target, ModelConfig, Path]:
     try:
         target, mcfg, folder = load_target(cfg.target, dtype="float32")
     except ConfigError as e:

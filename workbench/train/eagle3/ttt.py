@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from workbench.errors import ConfigError
 from workbench.models.eagle3 import Eagle3Draft
-from workbench.models.llama import LlamaForCausalLM
+from workbench.models.loader import Target
 
 
 def build_draft_vocab(arrays: list[np.ndarray], vocab_size: int,
@@ -115,7 +115,7 @@ def ttt_forward(draft: Eagle3Draft, taps: torch.Tensor, target_logits: torch.Ten
 
 
 @torch.no_grad()
-def target_features(target: LlamaForCausalLM, x: torch.Tensor,
+def target_features(target: Target, x: torch.Tensor,
                     aux: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """x: (B, T) → target logits (B, T, V) and taps (B, T, len(aux)·Dt) in ``aux`` order.
 
