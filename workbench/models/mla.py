@@ -65,15 +65,16 @@ class MlaRotary(Rotary):
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__(cfg, device)
         assert cfg.mla is not None
-        self.inv_freq = mla_inv_freq(cfg, self.inv_freq.device)
+        self.register_buffer("inv_freq", mla_inv_freq(cfg, device), persistent=False)
         self.factor = cfg.mla.rope_attention_factor
 
     def table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        if (self._cos.shape[0] < n or self._cos.dtype != dtype
-                or self._cos.device != self.inv_freq.device):
+        inv = self.inv_freq
+        assert isinstance(inv, torch.Tensor)
+        if self._cos.shape[0] < n or self._cos.dtype != dtype or self._cos.device != inv.device:
             size = max(n, 2 * self._cos.shape[0], 256)
-            t = torch.arange(size, dtype=torch.int64, device=self.inv_freq.device).float()
-            emb = torch.outer(t, self.inv_freq).repeat(1, 2)
+            t = torch.arange(size, dtype=torch.int64, device=inv.device).float()
+            emb = torch.outer(t, inv).repeat(1, 2)
             self._cos = (emb.cos() * self.factor).to(dtype)
             self._sin = (emb.sin() * self.factor).to(dtype)
             half = self._sin.shape[-1] // 2

@@ -110,7 +110,7 @@ class SparseMoe(nn.Module):
         expert's parameters become views of them (one copy; training updates stay in sync)."""
         if self.gate_up is not None:
             return
-        lins = [ex.linears() for ex in self.experts]
+        lins = [ex.linears() for ex in self.experts if isinstance(ex, ExpertMLP)]
         with torch.no_grad():
             gu = torch.stack([torch.cat([g.weight, u.weight]) for g, u, _ in lins]).contiguous()
             dn = torch.stack([d.weight for _, _, d in lins]).contiguous()

@@ -40,8 +40,10 @@ class MoeDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     @property
-    def ffn(self) -> nn.Module:
-        return getattr(self, self.block)  # type: ignore[no-any-return]
+    def ffn(self) -> SparseMoe | MLP:
+        f = getattr(self, self.block)
+        assert isinstance(f, (SparseMoe, MLP))
+        return f
 
 
 class MoeModel(nn.Module):
@@ -51,6 +53,9 @@ class MoeModel(nn.Module):
         self.layers = nn.ModuleList(MoeDecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb: Rotary = MlaRotary(cfg) if cfg.mla is not None else Rotary(cfg)
+
+    def decoder_layers(self) -> list[MoeDecoderLayer]:
+        return [layer for layer in self.layers if isinstance(layer, MoeDecoderLayer)]
 
 
 class MoeForCausalLM(nn.Module):
@@ -84,19 +89,20 @@ class MoeForCausalLM(nn.Module):
         if gemm not in ("auto", "dense"):
             raise ValueError(f"gemm={gemm!r}: a {self.config.family} target runs dense GEMMs "
                              "only (its experts' weights are used as slices, never packed)")
-        for layer in self.model.layers:
+        for layer in self.model.decoder_layers():
             if isinstance(layer.self_attn, Attention):
                 layer.self_attn.fuse()
             layer.ffn.fuse()
         self.gemm = "dense"
 
     def moe_layers(self) -> list[int]:
-        return [i for i, layer in enumerate(self.model.layers) if isinstance(layer.ffn, SparseMoe)]
+        return [i for i, layer in enumerate(self.model.decoder_layers())
+                if isinstance(layer.ffn, SparseMoe)]
 
     def routing(self) -> dict[int, torch.Tensor]:
         """Layer id → tokens routed to each expert (E,) in the last forward (MoE layers)."""
         out: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(self.model.decoder_layers()):
             ffn = layer.ffn
             if isinstance(ffn, SparseMoe) and ffn.last_counts is not None:
                 out[i] = ffn.last_counts
@@ -120,7 +126,7 @@ class MoeForCausalLM(nn.Module):
         x = m.embed_tokens(tokens)
         cos, sin = m.rotary_emb.cos_sin(positions, x.dtype)
         taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(m.decoder_layers()):
             if i in aux_layers:
                 taps[i] = x
             x = x + self._attend(layer, layer.input_layernorm(x), cos, sin, attn, i)
@@ -140,7 +146,7 @@ class MoeForCausalLM(nn.Module):
         x = m.embed_tokens(input_ids)
         cos, sin = m.rotary_emb.cos_sin(torch.arange(t, device=input_ids.device), x.dtype)
         taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(m.decoder_layers()):
             if i in aux_layers:
                 taps[i] = x
             a, h = layer.self_attn, layer.input_layernorm(x)
