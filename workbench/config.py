@@ -123,6 +123,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    # SGLang's stop_regex: stop once the output contains a match (RE2, linear time; bounds and
+    # window: workbench.engine.stop_regex)
+    stop_regex: tuple[str, ...] = ()
     ignore_eos: bool = False
     no_stop_trim: bool = False  # keep a matched stop string / stop token in the text (SGLang)
 
@@ -170,6 +173,24 @@ class SamplingParams:
                 raise RequestError(f"stop: every stop string must be a non-empty str, got {s!r}")
             _utf8(s, "stop")
         object.__setattr__(self, "stop", tuple(stop))
+        rx = self.stop_regex
+        if rx is None:
+            rx = ()
+        elif isinstance(rx, str):
+            rx = (rx,)
+        elif not isinstance(rx, (list, tuple)):
+            raise RequestError(f"stop_regex: must be a pattern or a list of patterns, got {rx!r}")
+        rx = tuple(rx)
+        for s in rx:
+            if not isinstance(s, str) or not s:
+                raise RequestError(f"stop_regex: every pattern must be a non-empty str, got "
+                                   f"{s!r}")
+            _utf8(s, "stop_regex")
+        if rx:
+            from workbench.engine.stop_regex import check_patterns
+
+            check_patterns(rx)
+        object.__setattr__(self, "stop_regex", rx)
 
     @property
     def greedy(self) -> bool:

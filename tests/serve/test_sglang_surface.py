@@ -173,3 +173,34 @@ def test_abort_all(http, server) -> None:
     t.join(60)
     assert got["r"].json()["choices"][0]["finish_reason"] == "abort"
     assert server.wait_idle()
+
+
+def test_stop_regex_equals_the_engine(http, server, reference_engine) -> None:
+    """stop_regex over /generate (plain and streamed) stops where the engine stops with the
+    same pattern; finish_reason.matched is the pattern, as upstream."""
+    import dataclasses
+
+    from serve.serving import SPEC, greedy
+
+    prompt = TEXT_PROMPTS[0]
+    free = reference_engine.generate([prompt], greedy(24), spec=SPEC)[0]
+    text = reference_engine.tokenizer.decode(free.token_ids)
+    a, b = text[len(text) // 2 : len(text) // 2 + 2]
+    pattern = f"[{a}][{b}]".replace("\\", "\\\\") if a.isalnum() and b.isalnum() else \
+        "".join(f"\\x{{{ord(c):x}}}" for c in (a, b))
+    sp = dataclasses.replace(greedy(24), stop_regex=(pattern,))
+    ref = reference_engine.generate([prompt], sp, spec=SPEC)[0]
+    assert ref.finish_reason == "stop" and len(ref.token_ids) < 24
+    body = {"text": prompt, "sampling_params": {**greedy_sp(24), "stop_regex": pattern,
+                                                "stop": [], "stop_token_ids": []}}
+    r = http.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["output_ids"] == ref.token_ids and got["text"] == ref.text
+    assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    with http.stream("POST", "/generate", json={**body, "stream": True}) as s:
+        events = sse_json(s.iter_lines())
+    assert events[-1]["output_ids"] == ref.token_ids and events[-1]["text"] == ref.text
+    r = http.post("/generate", json={"text": prompt, "sampling_params": {
+        "stop_regex": "(?=x)"}})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "sampling_params.stop_regex"

@@ -11,8 +11,9 @@ The state of a request's scan (:class:`ScanState`) is an immutable value, so
 and keep the state after the token where it stops: a block ends exactly where plain decoding
 of the same tokens ends (lossless stops).
 
-Plugging in another kind of stop (e.g. a regex): implement :class:`TextStop` and return it from
-:func:`text_stops` for the sampling parameters that ask for it. Its ``feed`` sees the output text
+Another kind of stop (``stop_regex``: :mod:`workbench.engine.stop_regex`) implements
+:class:`TextStop` and is returned from :func:`text_stops` for the sampling parameters that ask
+for it. Its ``feed`` sees the output text
 as consecutive pieces (each piece: the characters a token made final) and reports the first
 match that ends in the piece; ``hold`` says how many trailing characters of a text may still
 begin a match (what a stream holds back).
@@ -131,8 +132,14 @@ def stop_strings(stops: tuple[str, ...]) -> StopStrings:
 
 
 def text_stops(sp: SamplingParams) -> tuple[TextStop, ...]:
-    """The text stops ``sp`` asks for (empty: no text matching at all)."""
-    return (stop_strings(sp.stop),) if sp.stop else ()
+    """The text stops ``sp`` asks for (empty: no text matching at all): its stop strings and
+    its ``stop_regex`` patterns (:mod:`workbench.engine.stop_regex`)."""
+    found: tuple[TextStop, ...] = (stop_strings(sp.stop),) if sp.stop else ()
+    if sp.stop_regex:
+        from workbench.engine.stop_regex import stop_regexes
+
+        found += (stop_regexes(sp.stop_regex),)
+    return found
 
 
 def hold_back(text: str, stops: tuple[TextStop, ...]) -> str:

@@ -88,6 +88,8 @@ def sglang_sampling_params(sp: SamplingParams) -> dict[str, Any]:
         d["min_p"] = sp.min_p
     if sp.stop:
         d["stop"] = list(sp.stop)
+    if sp.stop_regex:
+        d["stop_regex"] = list(sp.stop_regex)
     if sp.stop_token_ids:
         d["stop_token_ids"] = list(sp.stop_token_ids)
     if sp.ignore_eos:

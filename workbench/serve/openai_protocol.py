@@ -23,6 +23,7 @@ from workbench.serve.protocol import (
     expect_bool,
     expect_int,
     expect_number,
+    stop_patterns,
     stop_strings,
     token_id_list,
     type_name,
@@ -38,13 +39,13 @@ COMPLETIONS_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", 
                                 "stop", "seed", "stream_options", "user", "n", "echo",
                                 "logprobs",
                                 # extensions (SGLang and vLLM accept them too)
-                                "top_k", "min_p", "ignore_eos", "stop_token_ids"})
+                                "top_k", "min_p", "ignore_eos", "stop_token_ids", "stop_regex"})
 COMPLETIONS_NO_OPS: dict[str, Any] = {"best_of": 1, "presence_penalty": 0.0,
                                       "frequency_penalty": 0.0, "suffix": None, "logit_bias": {}}
 CHAT_FIELDS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens",
                          "temperature", "top_p", "stream", "stop", "seed", "stream_options",
                          "user", "n", "logprobs", "top_logprobs",
-                         "top_k", "min_p", "ignore_eos", "stop_token_ids"})
+                         "top_k", "min_p", "ignore_eos", "stop_token_ids", "stop_regex"})
 CHAT_NO_OPS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0,
                                "logit_bias": {}, "tools": None, "tool_choice": "none",
                                "parallel_tool_calls": None, "response_format": None,
@@ -105,6 +106,8 @@ def _openai_sampling(body: dict[str, Any], max_tokens_field: str,
         kw["top_k"] = 0 if k == -1 else k
     if "stop" in body:
         kw["stop"] = stop_strings(body["stop"], "stop")
+    if "stop_regex" in body:  # SGLang's extension
+        kw["stop_regex"] = stop_patterns(body["stop_regex"], "stop_regex")
     if body.get("stop_token_ids") is not None:
         kw["stop_token_ids"] = tuple(token_id_list(body["stop_token_ids"], "stop_token_ids",
                                                 allow_empty=True))

@@ -141,6 +141,20 @@ def stop_strings(v: Any, field: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def stop_patterns(v: Any, field: str) -> tuple[str, ...]:
+    """``stop_regex``: a pattern or a list of them (null or [] for none); the patterns
+    themselves are checked by SamplingParams (RE2 syntax, count and size bounds)."""
+    if v is None:
+        return ()
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise HTTPError(f"{field}: expected a non-empty pattern or a list of them, got "
+                        f"{type_name(v)}", field)
+    for s in items:
+        check_utf8(s, field)
+    return tuple(items)
+
+
 def check_utf8(s: str, field: str) -> None:
     """JSON may carry lone surrogates ("\\ud800"): not text we can tokenize or return."""
     try:
@@ -309,9 +323,8 @@ def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
         kw["top_k"] = 0 if k == -1 else k
     if "stop" in sp:
         kw["stop"] = stop_strings(sp["stop"], p + "stop")
-    if sp.get("stop_regex") not in (None, [], ""):  # SGLang's frontend always sends it
-        raise HTTPError(f"{p}stop_regex: not supported yet, got {sp['stop_regex']!r}",
-                        p + "stop_regex")
+    if "stop_regex" in sp:  # SGLang's frontend always sends it (an empty list when unused)
+        kw["stop_regex"] = stop_patterns(sp["stop_regex"], p + "stop_regex")
     if sp.get("stop_token_ids") is not None:
         kw["stop_token_ids"] = tuple(token_id_list(sp["stop_token_ids"], p + "stop_token_ids",
                                                 allow_empty=True))

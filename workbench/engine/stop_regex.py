@@ -1,0 +1,132 @@
+"""``stop_regex`` (SGLang 0.5.23's sampling parameter): a request stops at the token after which
+its output text contains a match of one of its patterns.
+
+Bounded cost, whatever the pattern (a hostile pattern costs its own request a little, never the
+server):
+
+- **a linear-time engine**: patterns are compiled with RE2 (``google-re2``), which never
+  backtracks: a search costs O(pattern × text) at worst, where Python's ``re`` can take
+  exponential time (``(a+)+b``). RE2 refuses what it cannot do in linear time (backreferences,
+  lookaround): such a pattern is a ``RequestError`` naming ``stop_regex`` (a 400 over HTTP);
+- **bounded patterns**: at most :data:`MAX_PATTERNS` patterns of at most :data:`MAX_PATTERN_BYTES`
+  UTF-8 bytes each (SGLang's own limits), compiled within :data:`MAX_PROGRAM_BYTES` of memory; a
+  pattern that matches the empty string (it would stop every request at its first token) is
+  refused too;
+- **a bounded window**: each token searches only the last :data:`WINDOW_CHARS` characters of the
+  output (plus the token's own text), so a token costs O(window) however long the output grows.
+  A match must fit in that window (SGLang likewise searches a tail of the output).
+
+Matching is a :class:`~workbench.engine.stops.TextStop` fed each token's text by the incremental
+scan of :mod:`workbench.engine.stops`: the state is the window itself (an immutable string), so a
+block of accepted draft tokens stops exactly where plain decoding of the same tokens stops
+(lossless, like stop strings). As upstream, the finish reason's ``matched`` is the pattern and
+the text is not cut at the match: SGLang's detokenizer trims at ``text.find(matched)``, which
+only a pattern that occurs literally in the text can hit; the same rule applies here
+(``OutputProcessor.text_of``), and a stream holds back a suffix that may begin that literal.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from workbench.errors import RequestError
+
+MAX_PATTERNS = 32
+MAX_PATTERN_BYTES = 256
+MAX_PROGRAM_BYTES = 1 << 20
+WINDOW_CHARS = 512
+CONTEXT_CHARS = 8  # characters before the window an assertion (\b, ^) may look at
+
+
+def _re2() -> Any:
+    try:
+        import re2
+    except ImportError:
+        raise RequestError("stop_regex: needs the google-re2 package (pip install "
+                           "google-re2)") from None
+    return re2
+
+
+@lru_cache(maxsize=1024)
+def compile_pattern(pattern: str) -> Any:
+    """The RE2 program of one ``stop_regex`` pattern, or RequestError naming the field."""
+    if not isinstance(pattern, str) or not pattern:
+        raise RequestError(f"stop_regex: every pattern must be a non-empty string, got "
+                           f"{pattern!r}")
+    size = len(pattern.encode("utf-8", "surrogatepass"))
+    if size > MAX_PATTERN_BYTES:
+        raise RequestError(f"stop_regex: a pattern is {size} bytes, over the "
+                           f"{MAX_PATTERN_BYTES}-byte limit")
+    re2 = _re2()
+    opts = re2.Options()
+    opts.max_mem = MAX_PROGRAM_BYTES
+    opts.log_errors = False
+    opts.never_capture = True
+    try:
+        prog = re2.compile(pattern, options=opts)
+    except re2.error as e:
+        msg = e.args[0].decode() if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise RequestError(f"stop_regex: {pattern!r} is not a pattern RE2 accepts ({msg}); "
+                           "RE2 runs in linear time: no backreferences or lookaround, "
+                           f"repetitions up to 1000, compiled size up to {MAX_PROGRAM_BYTES} "
+                           "bytes") from None
+    if prog.search("") is not None:
+        raise RequestError(f"stop_regex: {pattern!r} matches the empty string, so it would "
+                           "stop every output at its first token")
+    return prog
+
+
+def check_patterns(patterns: tuple[str, ...]) -> None:
+    """Validate a request's patterns (count, size, syntax) or raise RequestError."""
+    if len(patterns) > MAX_PATTERNS:
+        raise RequestError(f"stop_regex: at most {MAX_PATTERNS} patterns, got {len(patterns)}")
+    for p in patterns:
+        compile_pattern(p)
+
+
+class StopRegex:
+    """The :class:`~workbench.engine.stops.TextStop` of a request's ``stop_regex`` patterns.
+    State: ``(window, total)``, the last :data:`WINDOW_CHARS` + :data:`CONTEXT_CHARS`
+    characters of the text fed so far and how many were fed."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        check_patterns(patterns)
+        self.patterns = patterns
+        self.programs = [compile_pattern(p) for p in patterns]
+        from workbench.engine.stops import stop_strings
+
+        # upstream trims at text.find(pattern): what a stream holds back is what may begin it
+        self._literal = stop_strings(patterns)
+
+    def start(self) -> tuple[str, int]:
+        return "", 0
+
+    def feed(self, state: tuple[str, int], piece: str) -> tuple[tuple[str, int], Any]:
+        from workbench.engine.stops import Hit
+
+        window, total = state
+        text = window + piece
+        total += len(piece)
+        # the window's first CONTEXT_CHARS characters are context only, unless the whole text
+        # is in it (then ^ and \b at the start are the text's own)
+        pos = 0 if total <= len(text) else min(CONTEXT_CHARS, len(window))
+        hit = None
+        base = len(text) - len(piece)
+        for pattern, prog in zip(self.patterns, self.programs, strict=True):
+            m = prog.search(text, pos)
+            if m is not None:
+                end = max(1, m.end() - base)
+                if hit is None or end < hit.end:
+                    hit = Hit(end, pattern)
+        keep = WINDOW_CHARS + CONTEXT_CHARS
+        return (text[-keep:] if len(text) > keep else text, total), hit
+
+    def hold(self, text: str) -> int:
+        return int(self._literal.hold(text))
+
+
+@lru_cache(maxsize=128)
+def stop_regexes(patterns: tuple[str, ...]) -> StopRegex:
+    """The TextStop for ``patterns`` (built once per distinct tuple)."""
+    return StopRegex(patterns)
