@@ -184,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concurrency: the threshold arm's BatchThreshold(n); auto (default) = "
                         "the crossover the cost model calibrated on this machine predicts at "
                         "the accept length measured on the prompts")
+    b.add_argument("--prompts-file", default=None, metavar="F.jsonl",
+                   help='prompts from this file (one {"prompt": ...} per line, all of them) '
+                        "instead of --prompts held-out ones")
+    b.add_argument("--policy", default=None, metavar="P,...",
+                   help="concurrency: run these named policies (never, always, threshold:N|"
+                        "auto, table:..., goodput, sglang[:TIERS], vllm[:TABLE]; as `lab "
+                        "replay`) beside baseline and never, instead of the default arms")
+    b.add_argument("--json", action="store_true",
+                   help="concurrency --policy: one JSON object per arm and level on stdout")
     b.set_defaults(fn=cmd_bench)
 
     dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")

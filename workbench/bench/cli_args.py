@@ -20,8 +20,12 @@ QUICK_LEVELS = (1, 4, 16)
 
 
 def prompts(ns: argparse.Namespace) -> list[str]:
-    """``--prompts`` held-out prompts (at most 4 with ``--quick``)."""
-    from workbench.bench.workloads import PROMPTS_DIR, load_prompts
+    """``--prompts-file F.jsonl`` (every prompt in it), else ``--prompts`` held-out prompts
+    (at most 4 with ``--quick``)."""
+    from workbench.bench.workloads import PROMPTS_DIR, load_prompts, read_prompts_file
+
+    if getattr(ns, "prompts_file", None):
+        return read_prompts_file(ns.prompts_file)
 
     path = PROMPTS_DIR / "heldout.jsonl"
     if not path.is_file():

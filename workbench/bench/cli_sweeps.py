@@ -43,6 +43,14 @@ def _concurrency_arms(engine: Any, ns: argparse.Namespace, shape: Any,
 def bench_concurrency(ns: argparse.Namespace) -> int:
     levels = args.levels(ns)  # flag errors first, whichever path
     args.threshold(ns)
+    if getattr(ns, "policy", None) or getattr(ns, "json", False):
+        from workbench.bench.cli_policy import bench_policies
+        from workbench.errors import ConfigError
+
+        if ns.url or not ns.policy:
+            raise ConfigError("--policy/--json: named policies run on a local engine; give "
+                              "--policy P,... and no --url")
+        return bench_policies(ns)
     if ns.url:
         return bench_http(ns)
     from workbench.bench.concurrency import find_threshold, summarize, switch_costs

@@ -2,7 +2,9 @@
 
 * ``lab record --prompts-file F.jsonl --shape S,K,N --max-new-tokens N --out RUN``: greedy
   outputs and every draft tree at every output position (:mod:`workbench.lab.record`), plus
-  this machine's cost model (``calibrate`` at the shape, two contexts) and the machine/load;
+  this machine's step-time model (forward costs from ``calibrate`` at two contexts, step
+  overheads from whole steps on the prompts: :mod:`workbench.lab.stepfit`) and the
+  machine and load;
 * ``lab replay RUN --policy P --levels 1,4,16,64 [--json]``: the closed-loop replay
   (:mod:`workbench.lab.replay`); ``--json`` prints one JSON object per (policy, level) with
   at least policy, concurrency, tok_s, tau, spec_fraction, regret; ``--against BENCH.json``
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -51,7 +54,21 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per policy and level")
     p.add_argument("--against", default=None, metavar="BENCH.json",
                    help="a `bench concurrency --json` output: measured ratios beside")
+    p.add_argument("--tiers", default=None, metavar="OUT.json",
+                   help="compile the winning policy (least mean regret; or --tiers-policy) to "
+                        "an SGLang 0.5.23 adaptive-tier file, checked by SGLang's own router")
+    p.add_argument("--tiers-policy", default=None, metavar="P",
+                   help="compile this replayed policy instead of the winner (e.g. oracle)")
     p.set_defaults(fn=cmd_replay)
+    f = verbs.add_parser("fit-box", help="a replayable run from box measurements")
+    f.add_argument("--threshold-json", required=True, metavar="DIR|threshold.json",
+                   help="`bench threshold --url BASELINE_URL,EAGLE3_URL --out DIR` output")
+    f.add_argument("--records", required=True, metavar="DIR|FILE",
+                   help="the EAGLE-3 server's --export-metrics-to-file records")
+    f.add_argument("--shape", required=True, metavar="S,K,N",
+                   help="the EAGLE-3 server's --speculative-num-steps/eagle-topk/num-draft-tokens")
+    f.add_argument("--out", required=True, metavar="BOXRUN")
+    f.set_defaults(fn=cmd_fit_box)
 
 
 def shape_arg(text: str, flag: str) -> tuple[int, int, int]:
@@ -80,8 +97,8 @@ def cmd_record(ns: argparse.Namespace) -> int:
     import workbench as wb
     from workbench.bench.cli_args import engine_config
     from workbench.bench.workloads import read_prompts_file
-    from workbench.engine.calibrate import calibrate
     from workbench.lab.record import record
+    from workbench.lab.stepfit import fit_step_model
     from workbench.lab.trees import bs1_accept_lengths
     from workbench.machine import loadavg, machine_info
 
@@ -93,7 +110,7 @@ def cmd_record(ns: argparse.Namespace) -> int:
     before = loadavg()
     engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=engine_config(ns))
     try:
-        cm = calibrate(engine, shape=shape, contexts=CALIBRATION_CONTEXTS)
+        cm = fit_step_model(engine, prompts, shape, contexts=CALIBRATION_CONTEXTS)
         run = record(engine, prompts, shape, ns.max_new_tokens, ns.chain_steps, cm,
                      progress=sys.stderr.isatty())
     finally:
@@ -115,14 +132,16 @@ def cmd_record(ns: argparse.Namespace) -> int:
 def cmd_replay(ns: argparse.Namespace) -> int:
     import pandas as pd
 
-    from workbench.lab.record import RecordedRun
-    from workbench.lab.replay import json_rows, replay
+    from workbench.lab.replay import json_rows, load_run, replay
 
     levels = levels_arg(ns.levels)
     if ns.requests is not None and ns.requests < 1:
         raise ConfigError(f"--requests: must be >= 1, got {ns.requests}")
-    run = RecordedRun.load(ns.run)
-    df, _ = replay(run, ns.policy, levels, num_requests=ns.requests)
+    run = load_run(ns.run)
+    df, results = replay(run, ns.policy, levels, num_requests=ns.requests)
+    if ns.tiers:
+        with contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
+            tiers_out(df, results, ns.tiers, ns.tiers_policy)
     if ns.against:
         from workbench.lab.validate import against
 
@@ -132,14 +151,58 @@ def cmd_replay(ns: argparse.Namespace) -> int:
             print(json.dumps(row))
         return 0
     cols = [c for c in ("policy", "concurrency", "tok_s", "vs_never", "measured_vs_never",
-                        "ratio_error", "tau", "spec_fraction", "tpot_p50_ms", "tpot_p99_ms",
-                        "regret") if c in df]
+                        "ratio_error", "within_10pct", "tau", "spec_fraction", "tpot_p50_ms",
+                        "tpot_p99_ms", "regret") if c in df]
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(df[cols].round(3).to_string(index=False))
+    for note in getattr(run, "notes", []):
+        print(f"modelled: {note}")
     acc = df.attrs["acceptance"]
     print(f"\nτ measured on the recording (first 8 prompts, always): {acc['tau']:.2f}; step "
           f"times modelled from the run's cost model; machine of the recording: "
           f"{run.meta.get('machine', {}).get('cpu')}")
     for name, basis in df.dropna(subset=["basis"]).groupby("policy")["basis"].first().items():
         print(f"{name}: {basis}")
+    return 0
+
+
+def tiers_out(df: Any, results: dict[Any, Any], path: str, name: str | None) -> None:
+    """Compile a replayed policy's decisions to a tier file at ``path``, check it with SGLang."""
+    from workbench.lab.box import check_tiers, compile_tiers, initial_steps
+    from workbench.lab.replay import winner
+
+    pick = name or winner(df)
+    steps = [st for (p, _), res in results.items() if p == pick for st in res.steps]
+    if not steps and pick not in set(df["policy"]):
+        raise ConfigError(f"--tiers-policy {pick}: not among the replayed policies "
+                          f"{sorted(set(df['policy']))}")
+    top = max(int(c) for c in df["concurrency"])
+    tiers, notes = compile_tiers(steps, top)
+    check_tiers(tiers, path, top)
+    print(f"\ntier file for SGLang 0.5.23 ({pick}; routed by SGLang's own "
+          f"AdaptiveSpeculativeParams at batch 1..{top}: same tiers): {path}")
+    print(tiers.config_text(), end="")
+    print(f"launch with --speculative-adaptive --speculative-adaptive-config {path} "
+          f"--speculative-num-steps {initial_steps(tiers)} --speculative-eagle-topk 1 "
+          f"--speculative-num-draft-tokens {initial_steps(tiers) + 1}")
+    for note in notes:
+        print(f"note: {note}")
+
+
+def cmd_fit_box(ns: argparse.Namespace) -> int:
+    from workbench.lab.box import fit_box
+    from workbench.remote.records import read_request_metrics
+
+    shape = shape_arg(ns.shape, "--shape")
+    run = fit_box(ns.threshold_json, read_request_metrics(ns.records), shape)
+    out = run.save(ns.out)
+    cm = run.cost_model
+    print(f"box run: {len(run.output_lens)} requests, per-depth acceptance "
+          f"{[round(a, 3) for a in run.rates]} (τ {run.meta['tau']:.2f}; from "
+          f"{run.meta['acceptance']}); target ms = {cm['target']['a']:.2f} + "
+          f"{cm['target']['b']:.4f}·tokens, draft ms = {cm['draft']['a']:.2f} + "
+          f"{cm['draft']['b']:.4f}·tokens")
+    for note in run.notes:
+        print(f"modelled: {note}")
+    print(f"saved {out}; replay with `python -m workbench lab replay {out} --policy ...`")
     return 0

@@ -19,19 +19,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.config import tree_shape_problem
 from workbench.errors import ConfigError
 from workbench.lab.arms import ArmInputs, make_policy, policy_shapes, split_policies
 from workbench.lab.record import RecordedRun
 from workbench.lab.sim import LevelResult, Oracle, Simulator
-from workbench.lab.trees import check_recorded
 from workbench.policy.costmodel import Acceptance, CostModel
-from workbench.policy.policies import Always, Shape, depth_rates
+from workbench.policy.policies import Always, Shape, depth_rates, tree_shape_problem
+
+Run = Any  # a RecordedRun (exact acceptance) or a box.BoxRun (modelled)
 
 ORACLE_N = (2, 3, 4, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 
 
-def oracle_shapes(run: RecordedRun) -> tuple[Shape, ...]:
+def oracle_shapes(run: Run) -> tuple[Shape, ...]:
     """Every chain the run recorded and every tree (S <= S_rec, K <= K_rec, N from
     :data:`ORACLE_N` up to N_rec) the engine accepts."""
     s0, k0, n0 = run.shape
@@ -44,20 +44,39 @@ def oracle_shapes(run: RecordedRun) -> tuple[Shape, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def cost_model_of(run: RecordedRun) -> CostModel:
+def load_run(path: str) -> Run:
+    """A recorded run (``run.json``) or a fitted box run (``box.json``) at ``path``."""
+    from pathlib import Path
+
+    from workbench.lab.box import BoxRun
+
+    if (Path(path) / "box.json").is_file():
+        return BoxRun.load(path)
+    return RecordedRun.load(path)
+
+
+def winner(df: pd.DataFrame) -> str:
+    """The named policy (not the never/oracle references) with the least mean regret."""
+    named = df[~df["policy"].isin(["never", "oracle"])]
+    if named.empty:
+        raise ConfigError("--tiers: no named policy was replayed (only never/oracle)")
+    return str(named.groupby("policy")["regret"].mean().idxmin())
+
+
+def cost_model_of(run: Run) -> CostModel:
     if not run.cost_model:
         raise ConfigError(f"RUN {run.path}: no cost model recorded (record with the engine's "
                           "calibration: `lab record` does)")
     return CostModel.from_dict(run.cost_model)
 
 
-def measured_acceptance(run: RecordedRun, shape: Shape | None = None,
+def measured_acceptance(run: Run, shape: Shape | None = None,
                         batch: int = 8) -> Acceptance:
     """``measure_tau`` on the recording: the first ``batch`` requests together, Always at
     ``shape`` (default: the recorded one)."""
     shape = shape or run.shape
     sim = Simulator(run, cost_model_of(run), shape)
-    n = min(batch, len(run.outputs))
+    n = min(batch, len(run.prompt_lens))
     res = sim.run_level(Always(), n, num_requests=n)
     acc = [m for _, ms in res.accepted for m in ms]
     if not acc:
@@ -68,7 +87,7 @@ def measured_acceptance(run: RecordedRun, shape: Shape | None = None,
                       tuple(depth_rates(acc, min(s, nn - 1))))
 
 
-def replay(run: RecordedRun, policies: str | Sequence[str], levels: Sequence[int],
+def replay(run: Run, policies: str | Sequence[str], levels: Sequence[int],
            num_requests: int | None = None, max_batch: int = 64,
            progress: bool = False) -> tuple[pd.DataFrame, dict[tuple[str, int], LevelResult]]:
     """Replay ``policies`` (names or one comma-separated string) at ``levels``. Returns the
@@ -87,7 +106,7 @@ def replay(run: RecordedRun, policies: str | Sequence[str], levels: Sequence[int
     for name in order:  # build (and check) every policy before the first replay
         pol = make_policy(name, inputs)
         for shape in policy_shapes(pol, run.shape):
-            check_recorded(run, shape, f"--policy {name}")
+            run.check(shape, f"--policy {name}")
         built[name] = pol
     sim = Simulator(run, cm, run.shape, max_batch=max_batch)
     results: dict[tuple[str, int], LevelResult] = {}

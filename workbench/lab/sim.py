@@ -36,8 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from workbench.lab.record import RecordedRun
-from workbench.lab.trees import accepted
 from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Decision, PolicyContext, Shape, shape_name
 
@@ -109,10 +107,13 @@ class LevelResult:
 
 
 class Simulator:
-    """See the module doc. ``cost`` prices steps (a copy: policies keep their own);
-    ``spec_shape`` is the SpecConfig's (S, K, N) the context reports."""
+    """See the module doc. ``run``: a :class:`~workbench.lab.record.RecordedRun` (exact
+    acceptance) or a :class:`~workbench.lab.box.BoxRun` (modelled): ``prompt_lens``,
+    ``output_lens``, ``row_offsets()`` and ``accept_table(shape)``. ``cost`` prices steps (a
+    copy: policies keep their own); ``spec_shape`` is the SpecConfig's (S, K, N) the context
+    reports."""
 
-    def __init__(self, run: RecordedRun, cost: CostModel, spec_shape: Shape,
+    def __init__(self, run: Any, cost: CostModel, spec_shape: Shape,
                  draft_state: str = "auto", catchup_window: int | None = 32,
                  max_prefill_tokens: int = 1024, max_batch: int = 64) -> None:
         self.run, self.cost = run, cost.copy()
@@ -138,7 +139,7 @@ class Simulator:
                   num_requests: int | None = None, spec: bool = True) -> LevelResult:
         """Replay ``policy`` at ``concurrency`` (``spec=False``: a baseline engine, no draft)."""
         run, cm = self.run, self.cost
-        n_total = num_requests or max(2 * concurrency, len(run.outputs))
+        n_total = num_requests or max(2 * concurrency, len(run.prompt_lens))
         s0, k0, n0 = self.shape
         live: list[_Req] = []
         done: list[_Req] = []
@@ -149,8 +150,8 @@ class Simulator:
         acc_log: list[tuple[float, list[int]]] = []
         while nxt < n_total or live:
             while nxt < n_total and len(live) < min(concurrency, self.max_batch):
-                r = nxt % len(run.outputs)
-                live.append(_Req(nxt, r, run.prompt_lens[r], len(run.outputs[r]),
+                r = nxt % len(run.prompt_lens)
+                live.append(_Req(nxt, r, run.prompt_lens[r], run.output_lens[r],
                                  self.offsets[r], clock))
                 nxt += 1
             step_id += 1
@@ -185,7 +186,7 @@ class Simulator:
                     d = policy.decide(pctx)
                 specs = [q for q in decode if q.left > 1] if d.speculate else []
                 if specs:
-                    m = accepted(run, d.shape)  # type: ignore[arg-type]
+                    m = run.accept_table(d.shape)
                     ms_steps = [int(m[q.off + q.j]) for q in specs]
                     catchup = cm.draft_ms(sum(q.lag for q in specs), ctx) \
                         if any(q.lag for q in specs) else 0.0
@@ -253,7 +254,7 @@ class Simulator:
                 (cm.draft_ms(ext, ctx) if ext else 0.0)
             return b, max(ms, 1e-6) * cm.scale["plain"], 0.0
         s, k, n = shape  # type: ignore[misc]
-        m = accepted(self.run, shape)  # type: ignore[arg-type]
+        m = self.run.accept_table(shape)
         em = [min(int(m[q.off + q.j]) + 1, q.left) for q in specs]
         lag = sum(q.lag for q in specs)
         catchup = cm.draft_ms(lag, ctx) if lag else 0.0

@@ -60,7 +60,7 @@ def against(replayed: pd.DataFrame, path: str | Path) -> pd.DataFrame:
     m = measured_ratios(read_bench_rows(path))
     out = replayed.merge(m, on=["policy", "concurrency"], how="left")
     out["ratio_error"] = out["vs_never"] / out["measured_vs_never"] - 1.0
-    out["within_10pct"] = out["ratio_error"].abs() <= TOLERANCE
-    out.loc[out["measured_vs_never"].isna(), "within_10pct"] = None
+    out["within_10pct"] = [None if pd.isna(e) else bool(abs(e) <= TOLERANCE)
+                           for e in out["ratio_error"]]
     out.attrs.update(replayed.attrs)
     return out
