@@ -68,5 +68,12 @@ def run(ns: argparse.Namespace) -> int:
     if ns.which not in COMMANDS:
         raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
     COMMAND["line"] = command_of(ns)
-    announce_conditions()  # the first line: is the machine busy (figures provisional)?
+    if getattr(ns, "json", False):  # stdout carries only the JSON rows (bench_policies)
+        import contextlib
+        import sys
+
+        with contextlib.redirect_stdout(sys.stderr):
+            announce_conditions()
+    else:
+        announce_conditions()  # the first line: is the machine busy (figures provisional)?
     return COMMANDS[ns.which](ns)
