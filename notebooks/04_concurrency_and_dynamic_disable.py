@@ -47,7 +47,9 @@ from workbench.bench.concurrency import (
 from workbench.machine import format_machine, machine_info
 from workbench.viz import figures as F
 from workbench.train.demo_models import REPO_ROOT, demo_models
-from workbench.viz.report import highlight_flagged, ratio_ci, sanity_block
+from IPython.display import display
+
+from workbench.viz.report import conditions_block, highlight_flagged, ratio_ci, sanity_block
 from workbench.viz.widgets import SweepProgress
 
 models = demo_models(fast=FAST)
@@ -70,6 +72,7 @@ all_arms = default_arms(engine, spec=spec, threshold="auto", prompts=prompts,
                         max_new_tokens=MAX_NEW_TOKENS)
 threshold_policy = all_arms["threshold"].policy
 print(f"threshold arm: BatchThreshold({threshold_policy.n}) — {threshold_policy.basis.reason()}")
+display(conditions_block(engine.choices, "this page's engine"))
 flip_arms = {a: s for a, s in all_arms.items() if a == "baseline" or a.startswith("flip")}
 arms = {a: s for a, s in all_arms.items() if not a.startswith("flip")}
 
@@ -116,22 +119,32 @@ summary = summarize(results)
 print("every arm matches the baseline token for token:", bool(summary.lossless.dropna().all()))
 
 # %% [markdown]
-# The table: means over the repeats, the tok/s interval (95 %, over repeats, log scale), and
-# the sanity flags of each row (amber rows failed a check; the block below says which and why).
+# The table: means over the repeats, the tok/s interval (95 %, over repeats, log scale), the
+# ratio to the baseline — per repeat against the baseline *of the same interleaved run*, then
+# the geometric mean with its 95 % interval and n (the same numbers the figure and the prose
+# below use) — and the sanity flags of each row (amber rows failed a check; the block below
+# says which and why).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
+from workbench.viz import prose as P
+from workbench.viz.report import paired_ratio
+
 flags = sanity.sanity_flags(results, load=load.as_dict())
 # tok/s interval on the log scale (geometric, stays above 0 tok/s), replacing any other
 tok_ci = ratio_ci(results, ["arm", "concurrency"], "tok_s").drop(columns=["tok_s", "n"])
 summary = summary.drop(columns=[c for c in ("tok_s_lo", "tok_s_hi") if c in summary])
-table = sanity.mark(summary.merge(tok_ci, on=["arm", "concurrency"]), flags)
+ratio = paired_ratio(results)
+table = sanity.mark(summary.merge(tok_ci, on=["arm", "concurrency"]).merge(
+    ratio, on=["arm", "concurrency"], how="left"), flags)
+ratio = ratio.merge(table[["arm", "concurrency", "flags"]], on=["arm", "concurrency"])
 print(format_machine(machine_info()),
       f"· greedy · {len(prompts)} prompts · {MAX_NEW_TOKENS} new tokens · {REPEATS} repeats · "
       f"load {load.before[0]:.2f} → {load.after[0]:.2f}")
 shown = table[table.arm.isin(["baseline", "eagle3", "never", "threshold", "goodput"])]
-highlight_flagged(shown[["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "vs_baseline",
-                         "itl_p50_ms", "ttft_p50_ms", "tau", "spec_share", "flags"]])
+highlight_flagged(shown[["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "ratio",
+                         "ratio_lo", "ratio_hi", "n", "itl_p50_ms", "ttft_p50_ms", "tau",
+                         "spec_share", "flags"]])
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -140,28 +153,23 @@ sanity_block(flags, "the concurrency sweep")
 # %% [markdown]
 # ## The envelope
 # Throughput, inter-token latency and time to first token against concurrency, each on its own
-# axis (latencies on a log scale). The dashed line marks where always-on EAGLE-3 falls below the
-# baseline, if it does inside the range.
+# axis (latencies on a log scale ticked in ms). A band marks where always-on EAGLE-3 falls below
+# the baseline — only where the intervals of the ratio resolve such a crossover; otherwise the
+# figure says it is not resolved at this noise. ⚠ marks flagged rows.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 F.concurrency_curves(table[table.arm.isin(["baseline", "eagle3", "never", "threshold",
-                                           "goodput"])])
+                                           "goodput"])], ratio=ratio)
 
 # %% [markdown]
 # ## Speedup vs batch size, with intervals
-# Per repeat, each arm's tok/s over the baseline's *in the same interleaved run*; points are
-# the geometric mean over the repeats and the bars its 95 % interval. An interval that straddles 1.0 means this run cannot tell
-# the arm from the baseline at that level.
+# The same paired ratios as the table: points are the geometric mean over the repeats, bars
+# its 95 % interval, n beside each point. A marker is green/red only when its interval lies
+# wholly above/below 1×; grey means this run cannot tell the arm from the baseline there.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-base = results[results.arm == "baseline"][["concurrency", "repeat", "tok_s"]]
-paired = results.merge(base.rename(columns={"tok_s": "base_tok_s"}),
-                       on=["concurrency", "repeat"])
-paired["ratio"] = paired.tok_s / paired.base_tok_s
-ratio = ratio_ci(paired[paired.arm != "baseline"], ["arm", "concurrency"], "ratio")
-ratio = ratio.merge(table[["arm", "concurrency", "flags"]], on=["arm", "concurrency"])
 F.speedup_vs_batch(ratio[ratio.arm.isin(["eagle3", "never", "threshold", "goodput"])],
                    value="ratio")
 
@@ -177,46 +185,58 @@ F.speedup_vs_batch(ratio[ratio.arm.isin(["eagle3", "never", "threshold", "goodpu
 # NBVAL_IGNORE_OUTPUT
 th = find_threshold(results)
 e3 = ratio[ratio.arm == "eagle3"].set_index("concurrency")
-undecided = [int(c) for c, r in e3.iterrows() if r.ratio_lo <= 1.0 <= r.ratio_hi]
+e3_claims = {int(c): P.ratio(f"always-on EAGLE-3 at c = {int(c)}", r.ratio, r.ratio_lo,
+                             r.ratio_hi, n=int(r.n)) for c, r in e3.iterrows()}
+undecided = [c for c, cl in e3_claims.items() if not cl.resolved]
 flagged_rows = table[table.arm.isin(["baseline", "eagle3"]) & (table["flags"] != "")]
 print(th.table.round(2).to_string(index=False))
+parts = [x for cl in e3_claims.values() for x in (cl, P.BR)]
 if undecided or len(flagged_rows) or REPEATS < 2:
     why = []
     if undecided:
-        why.append(f"EAGLE-3 vs baseline undecided (interval contains 1.0) at c = {undecided}")
+        why.append(f"the EAGLE-3/baseline interval contains 1× at c = {undecided}")
     if len(flagged_rows):
         why.append("sanity flags on " + ", ".join(
             f"{r.arm}@c={r.concurrency}: {r.flags}" for r in flagged_rows.itertuples()))
-    print("\nno threshold suggested — the data are not consistent enough:\n  " +
-          "\n  ".join(why))
+    parts += ["**No threshold suggested** — the data are not consistent enough: ",
+              "; ".join(why), f". (The point estimates alone would say crossover "
+              f"{th.crossover}, BatchThreshold({th.suggested_n}): not a finding at this noise.)"]
 else:
-    print(f"\ncrossover: {th.crossover} · suggested BatchThreshold({th.suggested_n}) "
-          f"(every interval on one side of 1.0, no flags)")
+    parts += [f"Crossover at c = {th.crossover}: suggested BatchThreshold({th.suggested_n}) "
+              "(every interval on one side of 1×, no flags)."]
+P.say(*parts)
 
 # %% [markdown]
 # How close did the threshold arm (the measured `BatchThreshold(n)` above, `draft_state=auto`)
-# come to the upper envelope, the better of baseline and always-on EAGLE-3 at each level?
-# Computed, not assumed:
+# and the goodput policy come to the upper envelope — the better of baseline and always-on
+# EAGLE-3 at each level, per repeat? Each repeat's policy tok/s over that repeat's envelope,
+# geometric mean and interval over the repeats; "within 5 %" only when the whole interval is
+# above 0.95:
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-env = summary.pivot(index="concurrency", columns="arm", values="tok_s")
-env["envelope"] = env[["baseline", "eagle3"]].max(axis=1)
-env["threshold ÷ envelope"] = env["threshold"] / env["envelope"]
-env["goodput ÷ envelope"] = env["goodput"] / env["envelope"]
-print(env[["baseline", "eagle3", "threshold", "goodput", "envelope", "threshold ÷ envelope",
-           "goodput ÷ envelope"]].round(3).to_string())
-lo_t, hi_t = env["threshold ÷ envelope"].min(), env["threshold ÷ envelope"].max()
-print(f"\nthe threshold arm reached {lo_t:.0%}–{hi_t:.0%} of the envelope across levels "
-      f"({'on it within 5 %' if lo_t >= 0.95 else 'below it at some level'}); goodput "
-      f"{env['goodput ÷ envelope'].min():.0%}–{env['goodput ÷ envelope'].max():.0%}")
+wide = results.pivot_table(index=["concurrency", "repeat"], columns="arm", values="tok_s")
+wide["envelope"] = wide[["baseline", "eagle3"]].max(axis=1)
+env_rows = []
+for arm in ("threshold", "goodput"):
+    for c, g in wide.groupby(level="concurrency"):
+        m, lo, hi, n = P.ratio_of((g[arm] / g["envelope"]).tolist())
+        env_rows.append({"arm": arm, "concurrency": c, "of_envelope": m, "lo": lo, "hi": hi,
+                         "n": n})
+env = pd.DataFrame(env_rows)
+print(env.round(3).to_string(index=False))
+P.say(*[x for r in env.itertuples() for x in (
+    P.ratio(f"{r.arm} at c = {r.concurrency}", r.of_envelope, r.lo, r.hi, n=r.n, ref=0.95,
+            above="is within 5 % of", below="falls more than 5 % below",
+            against="the envelope"), P.BR)])
 
 # %% [markdown]
 # ## Latency distributions
 # Percentiles hide the shape. Every TTFT, time per output token (TPOT) and inter-token gap (ITL)
 # of a closed-loop run at the lowest and the highest level, baseline vs always-on EAGLE-3, on
-# log axes (a queued first token and a plain step differ by orders of magnitude). A speculative
-# step emits several tokens at once: its ITL gaps are fewer and longer.
+# log axes ticked in ms (a queued first token and a plain step differ by orders of magnitude).
+# Every percentile comes with its n, and a p99 needs at least 100 samples (with fewer, the
+# "p99" is the largest sample or close to it): a run too short for one says n/a.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -224,8 +244,12 @@ from workbench.viz.latency import latency_samples
 
 lat = latency_samples(engines["baseline"], prompts, {"baseline": None, "eagle3": arms["eagle3"]},
                       levels=[LEVELS[0], LEVELS[-1]], max_new_tokens=MAX_NEW_TOKENS)
-pct = lat.groupby(["arm", "concurrency", "metric"]).ms.quantile([0.5, 0.99]).unstack()
-pct.columns = ["p50 ms", "p99 ms"]
+# n beside every percentile; no p99 from fewer than F.MIN_P99_SAMPLES samples
+pct = lat.groupby(["arm", "concurrency", "metric"]).ms.agg(
+    n="size", p50_ms=lambda x: F.percentile_text(x.tolist(), 50)[0],
+    p99_ms=lambda x: F.percentile_text(x.tolist(), 99)[0])
+pct["p99_ms"] = pct.p99_ms.astype(object).where(pct.p99_ms.notna(),
+                                                f"n/a (n < {F.MIN_P99_SAMPLES})")
 pct.unstack("metric").round(1)
 
 # %%
@@ -242,15 +266,31 @@ for metric in ("ttft", "tpot", "itl"):
 # `draft_state="auto"`: warm for the first plain steps of an off stretch (short flips stay
 # cheap), cold after that. The `never` arm measures what an idle speculative engine still
 # costs — the **K=0 tax** (flagged `never_vs_baseline` when it exceeds 5 %). The flip arms
-# run at two levels, once each (they measure a per-step cost, not a throughput ratio).
+# run at two levels, once each (they measure a per-step cost, not a throughput ratio; n is the
+# switches behind each bar, and a cost below 0 ms is flagged as noise on the figure).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 flips = run_concurrency(engine, prompts, levels=FLIP_LEVELS, arms=flip_arms,
                         max_new_tokens=MAX_NEW_TOKENS, progress=False,
                         engines=engines)
-print("flip arms lossless:", bool(summarize(flips).lossless.dropna().all()))
-F.warm_vs_cold(switch_costs(flips))
+flip_sum = summarize(flips).set_index(["arm", "concurrency"])
+costs = switch_costs(flips)
+for state in ("warm", "cold"):  # n of each switch cost: the switches behind it
+    costs[f"{state}_switches"] = [int(flip_sum.loc[(f"flip_{state}", c), "switches"])
+                                  for c in costs.concurrency]
+print("flip arms lossless:", bool(flip_sum.lossless.dropna().all()))
+F.warm_vs_cold(costs)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+neg = [(st, int(r.concurrency), getattr(r, f"{st}_switch_extra_ms"))
+       for r in costs.itertuples() for st in ("warm", "cold")
+       if getattr(r, f"{st}_switch_extra_ms") < 0]
+P.say(f"{len(neg)} of {2 * len(costs)} switch costs came out below 0 ms"
+      + (": " + ", ".join(f"{st} at c = {c}: {v:.1f} ms" for st, c, v in neg)
+         + " — a step after a switch is not cheaper than one without; these differences are "
+           "noise larger than the cost (one repeat per level), not savings." if neg else "."))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -279,37 +319,104 @@ print("decoded plainly above it:", bool((~pol[pol.decode_batch > 2].speculate).a
 
 # %% [markdown]
 # ## A saved run
-# `python -m workbench bench concurrency` writes `data/results/concurrency.csv` (shipped models,
-# more levels and repeats; or the GPU box through `--url`). If one exists, here it is, with the
-# sanity checks applied to its rows (its own load record is in the JSON beside it):
+# `python -m workbench bench concurrency` writes `data/results/concurrency.csv` and `.json`
+# (the shipped models; or the GPU box through `--url`). If one exists, here it is: how it
+# differs from this page's run, the conditions it ran under (measured engine choices, load),
+# its curves with the sanity checks applied to its rows, and a threshold/policy control over it.
 
-# %%
+# %% tags=["results"]
 # NBVAL_IGNORE_OUTPUT
+import json
+
+import pandas as pd
 from IPython.display import display
 
-saved = REPO_ROOT / "data" / "results" / "concurrency.csv"
+from workbench.bench import sanity
+from workbench.bench.concurrency import summarize
+from workbench.viz import figures as F
+from workbench.viz import prose as P
+from workbench.viz.report import conditions_block, paired_ratio, results_dir, sanity_block
+
+saved = results_dir() / "concurrency.csv"
+saved_doc = (json.loads(saved.with_suffix(".json").read_text())
+             if saved.with_suffix(".json").is_file() else {})
 if saved.is_file():
     saved_rows = pd.read_csv(saved)
-    saved_flags = sanity.sanity_flags(saved_rows)
-    fig = F.concurrency_curves(summarize(saved_rows))
-    fig.update_layout(title=f"Saved run: {saved.relative_to(REPO_ROOT)}")
+    saved_flags = sanity.sanity_flags(saved_rows, load=saved_doc.get("load"))
+    saved_levels = sorted(int(c) for c in saved_rows.concurrency.unique())
+    saved_repeats = int(saved_rows["repeat"].nunique()) if "repeat" in saved_rows else 1
+    cfg = saved_doc.get("config", {})
+
+    def more(a: int, b: int) -> str:
+        return "more" if a > b else "fewer" if a < b else "as many"
+
+    display(P.say(f"Saved run: {len(saved_levels)} levels (c = {', '.join(map(str, saved_levels))}), "
+          f"{saved_repeats} repeat{'s' if saved_repeats != 1 else ''}, "
+          f"{cfg.get('prompts', '?')} prompts × {cfg.get('max_new_tokens', '?')} new tokens; "
+          f"this page's run: {len(LEVELS)} levels, {REPEATS} repeats — the saved run has "
+          f"{more(len(saved_levels), len(LEVELS))} levels and "
+          f"{more(saved_repeats, REPEATS)} repeats.",
+          " With one repeat it has no intervals: none of its ratios is resolved at this noise."
+          if saved_repeats < 2 else ""))
+    display(conditions_block(saved_doc.get("engine_choices") or {},
+                             f"the saved run {saved.name}", saved_doc.get("machine"),
+                             saved_doc.get("load")))
+    saved_table = summarize(saved_rows)
+    saved_ratio = paired_ratio(saved_rows)
+    fig = F.concurrency_curves(sanity.mark(saved_table.drop(columns=["flags"],
+                                                            errors="ignore"), saved_flags),
+                               ratio=saved_ratio)
+    fig.update_layout(title=f"Saved run: {saved.name}")
     fig.show()
     display(sanity_block(saved_flags, f"the saved run {saved.name}"))
 else:
-    print(f"no saved results at {saved.relative_to(REPO_ROOT)}: run "
+    print(f"no saved results at {saved}: run "
           "`python -m workbench bench concurrency` to make one")
 
 # %% [markdown]
+# ### A threshold/policy control over the saved sweep
+# Pick a policy: `BatchThreshold(n)` composed from the saved baseline and always-on arms
+# (speculate at c ≤ n; switch costs not counted — an estimate, and the control says so), or any
+# policy arm the sweep measured. The control re-reads the saved rows (no new run) and says what
+# share of the envelope the policy reaches and, level by level, whether speculation is resolved
+# to pay there. It opens on the `BatchThreshold` the saved run's own file suggests; in an
+# exported page it is a snapshot, in a live kernel (`make lab`) it follows the controls.
+
+# %% tags=["results"]
+# NBVAL_IGNORE_OUTPUT
+from workbench.viz.controls import ThresholdControl
+
+if saved.is_file():
+    policy_control = ThresholdControl(saved_table, saved_ratio, title="the saved run")
+    suggested = (saved_doc.get("threshold") or {}).get("suggested_n")
+    if suggested in policy_control.n.options:
+        policy_control.select(n=suggested)
+    display(policy_control)
+
+# %% tags=["results"]
+# NBVAL_IGNORE_OUTPUT
+if saved.is_file():  # the control's selection, static (what an exported page shows)
+    display(P.say(*policy_control.sentences()))
+    display(policy_control.plot())
+
+# %% [markdown]
 # ## Recap
-# - Speculation trades compute for latency: it pays while the batch leaves the hardware idle and
-#   costs throughput once verify work competes with other requests. Where the crossover lies on
-#   this machine, and whether this run can tell, is computed above — with intervals over the
-#   repeats and the sanity flags of every row.
-# - `find_threshold` turns a sweep into `BatchThreshold(n)`; the page only suggests one when
-#   every level's interval is on one side of 1.0 and no row is flagged. Policies never change
-#   outputs (checked above, token for token).
-# - Latency is a distribution: the CDFs show the p99 tails that the p50 table hides.
-# - While off, a warm draft costs a little on every step, a cold one a catch-up per switch;
-#   `auto` takes the warm side for short off stretches and the cold side for long ones.
-# - The threshold must exist before the first decode step that reads it: **05** shows the
-#   all-or-nothing init that makes a half-built engine impossible.
+# Computed from this page's run:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+P.say("• Always-on EAGLE-3 against the baseline, level by level: ", P.BR,
+      *[x for cl in e3_claims.values() for x in ("  ", cl, P.BR)],
+      "• Where the crossover lies, and whether this run can tell, is in the figures above: "
+      "a band only where the intervals resolve one.", P.BR,
+      "• `find_threshold` turns a sweep into `BatchThreshold(n)`; this page suggested "
+      + ("one" if not (undecided or len(flagged_rows) or REPEATS < 2) else "none (the data "
+         "were not consistent enough)")
+      + ". Policies never change outputs (checked above, token for token).", P.BR,
+      "• Latency is a distribution: the CDFs show the tails, with a p99 only where a run had "
+      f"{F.MIN_P99_SAMPLES} samples.", P.BR,
+      f"• Switching: {len(neg)} of {2 * len(costs)} measured switch costs were below 0 ms "
+      "(noise). While off, a warm draft costs a little on every step, a cold one a catch-up "
+      "per switch; `auto` takes the warm side for short off stretches.", P.BR,
+      "• The threshold must exist before the first decode step that reads it: **05** shows "
+      "the all-or-nothing init that makes a half-built engine impossible.")

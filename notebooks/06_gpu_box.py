@@ -33,8 +33,10 @@ BOX_TARGET = "/models/Kimi-K2.5-INT4"  # paths on the GPU box (placeholders here
 BOX_DRAFT = "/models/Kimi-K2.5-EAGLE3"
 SGLANG_VERSION = "0.5.23"
 # `python -m workbench bench threshold --url BASELINE_URL,EAGLE3_URL --out DIR` on the box writes
-# DIR/threshold.json; here, the committed CPU sweep of the micro models (data/results)
-THRESHOLD_RESULTS = DATA / "results" / "concurrency.json"
+# DIR/threshold.json; here, the committed CPU sweep in data/results (what it ran: printed below)
+from workbench.viz.report import results_dir
+
+THRESHOLD_RESULTS = results_dir() / "concurrency.json"
 # the box's --export-metrics-to-file-dir; here, a sample run written with SGLang's writer code
 RECORDS = DATA / "sglang"
 BOX_URL = None  # e.g. "http://box:30000" to ask the real server
@@ -57,11 +59,30 @@ except ImportError as e:  # the serve extra (fastapi, uvicorn, httpx) is missing
 # ## 1 · From the measured crossover to the launch
 # `bench threshold` sweeps the baseline and EAGLE-3 arms over concurrency and suggests
 # `BatchThreshold(n)`: the largest level below the one where the baseline catches up. The file
-# here is the micro models on a CPU (the crossover on the box will differ: measure it there).
+# here is a saved CPU sweep — its command, models, machine and conditions are printed below
+# (the crossover on the box will differ: measure it there).
 
-# %%
+# %% tags=["results"]
+# NBVAL_IGNORE_OUTPUT
+import json
+
+from IPython.display import display
+
+from workbench.remote.launch import threshold_from
+from workbench.viz import prose as P
+from workbench.viz.report import conditions_block, saved_run_line
+
 n, crossover = threshold_from(THRESHOLD_RESULTS)
-print(f"baseline catches up at concurrency {crossover} → BatchThreshold({n})")
+saved_doc = json.loads(THRESHOLD_RESULTS.read_text())
+cfg = saved_doc.get("config", {})
+reps = cfg.get("repeats", 1)
+display(P.say(saved_run_line(THRESHOLD_RESULTS.parent, "concurrency", saved_doc), P.BR,
+              f"levels {cfg.get('levels')}, {reps} repeat{'s' if reps != 1 else ''}: the "
+              f"baseline catches up at concurrency {crossover} → BatchThreshold({n})"
+              + (" — from point estimates of a single repeat: not resolved at this noise; "
+                 "rerun with --repeats 3 before trusting it on a box" if reps < 2 else ".")))
+conditions_block(saved_doc.get("engine_choices") or {}, THRESHOLD_RESULTS.name,
+                 saved_doc.get("machine"), saved_doc.get("load"))
 
 # %% [markdown]
 # `plan_from_threshold` makes the launch: a chain (adaptive tiers need `topk 1`), the tiers

@@ -9,8 +9,10 @@ Per page (``file://``, Debian's ``/usr/bin/chromium`` driven by playwright-pytho
 views rendered by the html-manager against the widget outputs, collect console errors, page
 errors and failed requests (the pages must need no network), any "could not load" note the
 exporter's fallback put in place of a widget or figure, and save a full-page screenshot to
-``reports/screenshots/<page>.png``. Also checks that ``index.html`` links every page. Exit
-status 1 if any page falls short or logged an error.
+``reports/screenshots/<page>.png``. Also checks that ``index.html`` links every page, and that
+every computed claim on a page (``workbench.viz.prose``: a ``wb-claim`` span) says what its
+own interval gives (``check_claims``). Exit status 1 if any page falls short, logged an error
+or carries a claim its interval denies.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class PageCheck:
     failed_requests: list[str] = field(default_factory=list)
     expected_failures: list[str] = field(default_factory=list)
     benign: list[str] = field(default_factory=list)
+    claims: int = 0
+    claim_problems: list[str] = field(default_factory=list)
     screenshot: str = ""
     seconds: float = 0.0
 
@@ -67,7 +71,8 @@ class PageCheck:
     def ok(self) -> bool:
         return (self.plotly_rendered >= self.plotly_expected and
                 self.widgets_rendered >= self.widgets_expected and
-                not self.console_errors and not self.failed_requests)
+                not self.console_errors and not self.failed_requests and
+                not self.claim_problems)
 
 
 def load_manifest(reports: Path) -> list[dict[str, Any]]:
@@ -89,6 +94,12 @@ def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: 
     """Open one page, wait for it to render, count, screenshot."""
     res = PageCheck(html.name, expected_plots, widgets_expected=expected_widgets
                     if widgets_offline else 0)
+    sys.path.insert(0, str(REPO))
+    from workbench.viz.prose import check_claims, parse_claims
+
+    source = html.read_text(encoding="utf-8", errors="replace")
+    res.claims = len(parse_claims(source))
+    res.claim_problems = check_claims(source)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.on("console", lambda m: res.console_errors.append(m.text[:300])
             if m.type == "error" else None)
@@ -174,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
                                           offline))
         finally:
             browser.close()
-    print(f"{'page':45s} {'plotly':>9s} {'widgets':>9s} {'errors':>6s} {'failed':>6s}  "
-          "screenshot")
+    print(f"{'page':45s} {'plotly':>9s} {'widgets':>9s} {'errors':>6s} {'failed':>6s} "
+          f"{'claims':>6s}  screenshot")
     for r in results:
         print(f"{r.page:45s} {r.plotly_rendered:>4d}/{r.plotly_expected:<4d} "
               f"{r.widgets_rendered:>4d}/{r.widgets_expected:<4d} {len(r.console_errors):>6d} "
-              f"{len(r.failed_requests):>6d}  {r.screenshot}  {'ok' if r.ok else 'FAIL'}")
-        for e in r.console_errors + r.failed_requests:
+              f"{len(r.failed_requests):>6d} {r.claims:>6d}  {r.screenshot}  "
+              f"{'ok' if r.ok else 'FAIL'}")
+        for e in r.console_errors + r.failed_requests + r.claim_problems:
             print(f"    {e}")
         for e in r.expected_failures:
             print(f"    (expected without the vendored renderer) {e}")

@@ -133,6 +133,7 @@ document.addEventListener('DOMContentLoaded', function () {
 
 NBVAL_LINE = re.compile(r"^[ \t]*# ?NBVAL_[A-Z_]+[ \t]*\n?", re.MULTILINE)
 SANITY_BLOCK = re.compile(r'class="wb-sanity"[^>]*?data-flags="(\d+)"')
+CONDITIONS_BLOCK = re.compile(r'class="wb-conditions" data-conditions="([^"]*)"')
 ESM_PREFIX = "wb-esm:"
 # anywidget's loader, patched so that "wb-esm:<key>" reads the module text that
 # vendor/anywidget-esm.js put into window.WB_ESM (a classic script: works from file://).
@@ -395,6 +396,40 @@ def sanity_status(nb: Any) -> dict[str, Any]:
     return {"blocks": blocks, "flags": flags, "status": status}
 
 
+def _html_outputs(nb: Any) -> list[str]:
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            html = o.get("data", {}).get("text/html", "")
+            out.append("".join(html) if isinstance(html, list) else html)
+    return out
+
+
+def conditions_of(nb: Any) -> list[str]:
+    """The conditions (measured engine choices) a page's ``wb-conditions`` blocks name, in
+    order, each once: the page's own engine first, then any saved run it shows."""
+    import html as H
+
+    seen: list[str] = []
+    for text in _html_outputs(nb):
+        for m in CONDITIONS_BLOCK.finditer(text):
+            line = H.unescape(m.group(1))
+            if line not in seen:
+                seen.append(line)
+    return seen
+
+
+def claims_status(nb: Any) -> dict[str, Any]:
+    """The computed claims a page shows (``workbench.viz.prose``) and any that do not follow
+    from their own interval (``check_claims``)."""
+    sys.path.insert(0, str(REPO))
+    from workbench.viz.prose import check_claims, parse_claims
+
+    texts = _html_outputs(nb)
+    return {"claims": sum(len(parse_claims(t)) for t in texts),
+            "problems": [p for t in texts for p in check_claims(t)]}
+
+
 def page_title(nb: Any, default: str) -> str:
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -411,8 +446,18 @@ def stamp_html(entry: dict[str, Any]) -> str:
     lb, la = entry.get("load_before"), entry.get("load_after")
     loaded = any(x is not None and x[0] > entry["cores"] for x in (lb, la))
     san = entry["sanity"]
-    color = "#1b5e20" if san["flags"] == 0 and not loaded else "#8a4b00"
+    claims = entry.get("claims") or {"claims": 0, "problems": []}
+    color = "#1b5e20" if san["flags"] == 0 and not loaded and not claims["problems"] \
+        else "#8a4b00"
     load = f"{lb[0]:.2f} → {la[0]:.2f}" if lb and la else "n/a"
+    conds = entry.get("conditions") or []
+    cond = ("<br>conditions (measured choices): " + "<br>&nbsp;&nbsp;".join(
+        H.escape(c) for c in conds)) if conds else \
+        "<br>conditions: no measured choices shown on this page"
+    prose = (f"<br>prose: {claims['claims']} computed claim(s)"
+             + (f" — <b>{len(claims['problems'])} do not follow from their intervals</b>"
+                if claims["problems"] else
+                (", each worded by its own interval" if claims["claims"] else "")))
     return (
         f'<div class="wb-stamp" style="font:13px sans-serif;border:1px solid #ddd;'
         f'border-left:5px solid {color};padding:8px 12px;margin:0 0 12px 0;background:#fafafa">'
@@ -423,6 +468,7 @@ def stamp_html(entry: dict[str, Any]) -> str:
         f"machine: {H.escape(entry['machine'])}<br>"
         f"load (1-min, before → after, {entry['cores']} cores): {load}"
         f"{' — <b>loaded</b>: absolute speeds are low and ratios noisier' if loaded else ''}"
+        f"{cond}{prose}"
         f"<br>sanity: <b>{H.escape(san['status'])}</b>"
         f"{' (see the ⚠ blocks below)' if san['flags'] else ''} · "
         '<a href="index.html">all reports</a></div>')
@@ -438,7 +484,9 @@ def write_index(out: Path, pages: list[dict[str, Any]], widgets: dict[str, Any])
         load = f"{lb[0]:.2f} → {la[0]:.2f}" if lb and la else "n/a"
         san = p.get("sanity", {}).get("status", "n/a")
         blocks = p.get("sanity", {}).get("blocks", 0)
-        bad = p.get("error") or p.get("sanity", {}).get("flags")
+        claims = p.get("claims") or {}
+        contra = claims.get("problems") or []
+        bad = p.get("error") or p.get("sanity", {}).get("flags") or contra
         color = "#8a4b00" if bad else ("#1b5e20" if blocks else "#666666")
         hot = any(x is not None and x[0] > p.get("cores", 1) for x in (lb, la))
         rows.append(
@@ -450,7 +498,9 @@ def write_index(out: Path, pages: list[dict[str, Any]], widgets: dict[str, Any])
             f"{'<br>loaded' if hot else ''}</td>"
             f"<td>{p['seconds']:.0f} s{' (FAST)' if p.get('fast') else ''}</td>"
             f"<td>{p.get('plotly_figures', 0)} / {p.get('widget_views', 0)}</td>"
-            f"<td style=\"color:{color}\">{H.escape(san)}"
+            f"<td>{claims.get('claims', 0)}"
+            f"{f' — {len(contra)} contradicted' if contra else ''}"
+            f"</td><td style=\"color:{color}\">{H.escape(san)}"
             f"{'<br>FAILED: ' + H.escape(p['error']) if p.get('error') else ''}</td></tr>")
     total = sum(p["seconds"] for p in pages)
     body = f"""<!DOCTYPE html>
@@ -464,10 +514,12 @@ top to bottom by <code>scripts/export_reports.py</code>; the load is the 1-minut
 before and after that page ran (above the core count, other work competed for the CPU and the
 speeds on that page are low). Sanity: the checks of <code>workbench.bench.sanity</code> on the
 numbers a page shows ("clean": every check passed; pages without benchmark numbers are not
-checked). Widgets: {H.escape(widgets.get('renderer', ''))}. Open pages from this folder (they
-load <code>vendor/</code>).</p>
+checked). Computed claims: sentences rendered from the page's data by
+<code>workbench.viz.prose</code>, each worded by its own interval (a page whose claim its
+interval denies is marked). Widgets: {H.escape(widgets.get('renderer', ''))}. Open pages
+from this folder (they load <code>vendor/</code>).</p>
 <table><tr><th>page</th><th>date</th><th>commit</th><th>machine</th><th>load (1-min)</th>
-<th>run time</th><th>figures / widgets</th><th>sanity</th></tr>
+<th>run time</th><th>figures / widgets</th><th>computed claims</th><th>sanity</th></tr>
 {''.join(rows)}
 </table></body></html>
 """
@@ -593,7 +645,8 @@ def main(argv: list[str] | None = None) -> int:
                  "commit": commit, "machine": machine, "cores": cores, "fast": fast,
                  "load_before": [round(x, 2) for x in load_before],
                  "load_after": [round(x, 2) for x in load_after],
-                 "sanity": sanity_status(nb), **counts, "error": error}
+                 "sanity": sanity_status(nb), "conditions": conditions_of(nb),
+                 "claims": claims_status(nb), **counts, "error": error}
         nb.cells.insert(0, nbformat.v4.new_markdown_cell(stamp_html(entry)))
         if shared:
             write_esm_store(vendor, store)

@@ -82,3 +82,8 @@ def test_say_renders_markdown_bits_and_escapes() -> None:
     assert "<b>bold</b>" in html and "<code>code</code>" in html and "&lt;script&gt;" in html
     assert html.count("<br>") == 1  # Raw passes through
     assert 'class="wb-prose"' in html and 'class="wb-claim"' in html
+
+
+def test_a_resolved_bound_never_prints_as_the_reference() -> None:
+    c = P.ratio("chain", 0.507, 0.258, 0.997, n=4)
+    assert c.verdict == P.BELOW and "[0.258–0.997]" in str(c)

@@ -121,6 +121,10 @@ def _claim(subject: str, value: float, lo: float | None, hi: float | None, n: in
            ref: float, above: str, below: str, against: str, unit: str,
            digits: int) -> Claim:
     v = verdict(lo, hi, ref)
+    # enough decimals that a resolved bound never prints as the reference (0.997 → "1.00")
+    while digits < 6 and ((v == BELOW and hi is not None and float(fmt(hi, digits)) >= ref) or
+                          (v == ABOVE and lo is not None and float(fmt(lo, digits)) <= ref)):
+        digits += 1
     nums = interval(value, lo, hi, unit, digits) + (f", n = {n}" if n is not None else "")
     if v == ABOVE:
         word = above

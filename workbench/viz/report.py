@@ -57,6 +57,62 @@ def sanity_html(flags: Sequence[Flag], what: str) -> str:
             f'border-left:4px solid {color};margin:4px 0">{body}</div>')
 
 
+CONDITIONS_CLASS = "wb-conditions"
+_CHOICE_KNOWN = {"name", "choice", "source", "candidates", "timings_ms", "seconds", "note"}
+
+
+def choice_line(name: str, c: Any, notes: bool = True) -> str:
+    """One measured engine choice in words: ``gemm=onednn (cached; measured at load 1.4 …)``
+    — the choice, how it was decided (measured / cached / forced / only / auto), its note, and
+    any further scalar facts it carries (where and at what load it was measured)."""
+    if not isinstance(c, dict):
+        return f"{name}={c}"
+    extra = [f"{k} {v}" for k, v in c.items() if k not in _CHOICE_KNOWN and
+             isinstance(v, (str, int, float, bool)) and v not in ("", None)]
+    inner = "; ".join([str(c.get("source", "?")), *extra] +
+                      ([str(c["note"])] if c.get("note") and notes else []))
+    return f"{c.get('name', name)}={c.get('choice', '?')} ({inner})"
+
+
+def conditions_html(choices: dict[str, Any], what: str,
+                    machine: dict[str, Any] | None = None,
+                    load: dict[str, Any] | None = None) -> str:
+    """The conditions a result ran under, as an HTML block (class ``wb-conditions``,
+    ``data-conditions`` = the choices in one line): the engine's measured choices (GEMM path,
+    attention, threads, compile, policy …, each with how and where it was decided), the
+    machine and the load. ``scripts/export_reports.py`` copies the page's blocks into its
+    stamp."""
+    lines = [choice_line(k, v) for k, v in choices.items()
+             if not isinstance(v, dict) or "choice" in v]
+    one = " · ".join(lines) if lines else "none recorded"
+    short = " · ".join(choice_line(k, v, notes=False) for k, v in choices.items()
+                       if not isinstance(v, dict) or "choice" in v) or "none recorded"
+    bits = [f"<b>conditions</b> — {html.escape(what)}: measured choices: {html.escape(one)}"]
+    if machine:
+        m = machine
+        bits.append("machine: " + html.escape(
+            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, torch {m.get('torch', '?')}"
+            + (f", commit {m['commit']}" if m.get("commit") else "")
+            + (f", {m['time']}" if m.get("time") else "")))
+    if load:
+        lb, la = load.get("before"), load.get("after")
+        if lb and la:
+            bits.append(f"load (1-min) {lb[0]:.2f} → {la[0]:.2f} on {load.get('cores', '?')} "
+                        "cores")
+    return (f'<div class="{CONDITIONS_CLASS}" data-conditions="{html.escape(short)}" '
+            'style="font:12px sans-serif;color:#333;background:#f4f6fa;padding:5px 10px;'
+            f'border-left:4px solid #5b7db1;margin:4px 0">{"<br>".join(bits)}</div>')
+
+
+def conditions_block(choices: dict[str, Any], what: str,
+                     machine: dict[str, Any] | None = None,
+                     load: dict[str, Any] | None = None) -> Any:
+    """``IPython.display.HTML`` of :func:`conditions_html`."""
+    from IPython.display import HTML
+
+    return HTML(conditions_html(choices, what, machine, load))
+
+
 def sanity_block(flags: Sequence[Flag], what: str) -> Any:
     """``IPython.display.HTML`` of the flags raised on ``what`` (a visible 'no flags' block
     when there are none: a page must say that it checked)."""
@@ -108,3 +164,47 @@ def ratio_ci(df: pd.DataFrame, by: Sequence[str], value: str,
         rows.append({**dict(zip(by, keys, strict=True)), value: math.exp(m),
                      f"{value}_lo": math.exp(lo), f"{value}_hi": math.exp(hi), "n": len(g)})
     return pd.DataFrame(rows, columns=[*by, value, f"{value}_lo", f"{value}_hi", "n"])
+
+
+def paired_ratio(results: pd.DataFrame, value: str = "tok_s", baseline: str = "baseline",
+                 by: Sequence[str] = ("concurrency",), pair: str = "repeat",
+                 conf: float = 0.95) -> pd.DataFrame:
+    """Each arm's ``value`` over the baseline's *in the same run* (same ``by`` and ``pair``,
+    e.g. the same level and repeat), summarised per (arm, ``by``) with :func:`ratio_ci`:
+    columns arm, ``by``…, ``ratio``, ``ratio_lo``, ``ratio_hi``, ``n``. The one ratio a
+    page's table, figure and prose should all show (a ratio of means is another number)."""
+    keys = [*by, pair] if pair in results.columns else list(by)
+    base = results[results["arm"] == baseline][[*keys, value]].rename(
+        columns={value: "_base"})
+    paired = results[results["arm"] != baseline].merge(base, on=keys)
+    paired = paired.assign(ratio=paired[value] / paired["_base"])
+    return ratio_ci(paired, ["arm", *by], "ratio", conf)
+
+
+def saved_run_line(folder: str | Path, bench: str, doc: dict[str, Any]) -> str:
+    """Who made a saved result and on what: the exact command (from the per-machine file
+    ``<kind>.json`` of :mod:`workbench.bench.results`, matched by time), the models it ran
+    (its ``--model``/``--draft``, else the command's defaults: the shipped pair), the machine
+    and when. ``doc`` is the result's own JSON (``machine``, ``config``)."""
+    import shlex
+
+    from workbench.bench.results import load_all
+
+    m = doc.get("machine") or {}
+    command = None
+    for kdoc in load_all(folder).values():
+        entry = kdoc.get("benchmarks", {}).get(bench)
+        if entry and (not m.get("time") or entry.get("time") == m.get("time")):
+            command = entry.get("command")
+            break
+    models = "the shipped pair (data/models/wb-target + wb-eagle3, the command's defaults)"
+    if command:
+        args = shlex.split(command.split(" (from ")[0])
+        if "--model" in args or "--url" in args:
+            flag = "--model" if "--model" in args else "--url"
+            i = args.index(flag)
+            models = f"{flag} {args[i + 1]}" if i + 1 < len(args) else models
+    return (f"saved by `{command or f'python -m workbench bench {bench}'}`"
+            f"{'' if command else ' (command not recorded)'} · models: {models} · "
+            f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores · {m.get('time', 'time ?')}"
+            + (f" · commit {m['commit']}" if m.get("commit") else ""))
