@@ -58,22 +58,6 @@ def sanity_html(flags: Sequence[Flag], what: str) -> str:
 
 
 CONDITIONS_CLASS = "wb-conditions"
-_CHOICE_KNOWN = {"name", "choice", "source", "candidates", "timings_ms", "seconds", "note"}
-
-
-def choice_line(name: str, c: Any, notes: bool = True) -> str:
-    """One measured engine choice in words: ``gemm=onednn (cached; measured at load 1.4 …)``
-    — the choice, how it was decided (measured / cached / forced / only / auto), its note, and
-    any further scalar facts it carries (where and at what load it was measured)."""
-    if not isinstance(c, dict):
-        return f"{name}={c}"
-    extra = [f"{k} {v}" for k, v in c.items() if k not in _CHOICE_KNOWN and
-             isinstance(v, (str, int, float, bool)) and v not in ("", None)]
-    inner = "; ".join([str(c.get("source", "?")), *extra] +
-                      ([str(c["note"])] if c.get("note") and notes else []))
-    return f"{c.get('name', name)}={c.get('choice', '?')} ({inner})"
-
-
 def conditions_html(choices: dict[str, Any], what: str,
                     machine: dict[str, Any] | None = None,
                     load: dict[str, Any] | None = None) -> str:
@@ -82,12 +66,17 @@ def conditions_html(choices: dict[str, Any], what: str,
     attention, threads, compile, policy …, each with how and where it was decided), the
     machine and the load. ``scripts/export_reports.py`` copies the page's blocks into its
     stamp."""
-    lines = [choice_line(k, v) for k, v in choices.items()
-             if not isinstance(v, dict) or "choice" in v]
-    one = " · ".join(lines) if lines else "none recorded"
-    short = " · ".join(choice_line(k, v, notes=False) for k, v in choices.items()
-                       if not isinstance(v, dict) or "choice" in v) or "none recorded"
-    bits = [f"<b>conditions</b> — {html.escape(what)}: measured choices: {html.escape(one)}"]
+    from workbench.engine.autotune import conditions_line
+
+    # what, how, where and at what load each choice was measured (PROVISIONAL when measured
+    # under contention): the engine's own stamp line
+    chosen = {k: v for k, v in choices.items() if not isinstance(v, dict) or "choice" in v}
+    short = conditions_line(chosen) or "none recorded"
+    notes = [f"{k}: {v['note']}" for k, v in chosen.items()
+             if isinstance(v, dict) and v.get("note")]
+    bits = [f"<b>conditions</b> — {html.escape(what)}: measured choices: {html.escape(short)}"]
+    if notes:
+        bits.append("<small>" + html.escape("; ".join(notes)) + "</small>")
     if machine:
         m = machine
         bits.append("machine: " + html.escape(
