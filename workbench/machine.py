@@ -50,6 +50,13 @@ def cpu_model() -> str:
     return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
+def cpu_family() -> int | None:
+    """The CPU family number (/proc/cpuinfo ``cpu family``: 25 Zen 3/4, 26 Zen 5, 6 Intel...),
+    or None where it is not known."""
+    raw = _cpuinfo().get("cpu family", "")
+    return int(raw) if raw.isdigit() else None
+
+
 def cpu_flags() -> list[str]:
     """The ISA flags of :data:`ISA_FLAGS` this CPU has, in that order."""
     have = set(_cpuinfo().get("flags", "").split())
@@ -123,7 +130,8 @@ def machine_info() -> dict[str, Any]:
     cpu = cpu_model()
     caches = cache_sizes()
     return {
-        "cpu": cpu, "kind": machine_kind(cpu), "flags": cpu_flags(),
+        "cpu": cpu, "family": cpu_family(), "kind": machine_kind(cpu, cpu_family()),
+        "flags": cpu_flags(),
         "l1d": caches["l1d"], "l2": caches["l2"], "l3": caches["l3"],
         "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(),
@@ -133,15 +141,21 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def machine_kind(cpu: str | None = None) -> str:
-    """A short slug naming the kind of machine, from its CPU model: ``"amd-epyc"``,
-    ``"intel-xeon-platinum-8581c"``... (trademarks, clock speed and "CPU" dropped). Used to keep
-    one results file per machine kind."""
-    name = cpu if cpu is not None else cpu_model()
-    name = re.sub(r"\((r|tm)\)", "", name, flags=re.IGNORECASE)
+def machine_kind(cpu: str | None = None, family: int | None = None) -> str:
+    """A short slug naming the kind of machine, from its CPU model: ``"intel-xeon-platinum-
+    8581c"``, ``"amd-epyc-9b14"``... (trademarks, clock speed and "CPU" dropped). Used to keep
+    one results file per machine kind. A generic name without a model number (what a
+    hypervisor shows: "AMD EPYC") names different CPUs — family 25 (AVX2 only) and 26
+    (AVX-512) measured far apart — so it takes the CPU ``family`` (this machine's when ``cpu``
+    is None): ``"amd-epyc-family-26"``."""
+    if cpu is None:
+        cpu, family = cpu_model(), cpu_family() if family is None else family
+    name = re.sub(r"\((r|tm)\)", "", cpu, flags=re.IGNORECASE)
     name = re.sub(r"@.*$", "", name)
     name = re.sub(r"\b(cpu|processor|\d+-core)\b", "", name, flags=re.IGNORECASE)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if slug and family is not None and not re.search(r"\d", slug):
+        slug += f"-family-{family}"
     return slug or "unknown"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.__main__ import main
 from workbench.bench import results
-from workbench.machine import machine_kind
+from workbench.machine import machine_info
 
 
 def test_bench_spec_records_machine_load_flags(micro_target: Path, tmp_path: Path,
@@ -33,7 +33,8 @@ def test_bench_spec_records_machine_load_flags(micro_target: Path, tmp_path: Pat
     assert "flags" in table and {"tok_s_lo", "tok_s_hi"} <= set(table.columns)
     loaded = any(f["code"] == "loaded" for f in doc["flags"])
     assert all(("loaded" in f) == loaded for f in table["flags"])
-    kind = machine_kind(doc["machine"]["cpu"])
+    kind = doc["machine"]["kind"]
+    assert kind == machine_info()["kind"]  # this machine's kind names the file
     per_machine = json.loads((out / f"{kind}.json").read_text())
     entry = per_machine["benchmarks"]["spec"]
     assert entry["command"].startswith("python -m workbench bench spec")
@@ -97,7 +98,7 @@ def test_strict_refuses_a_run_on_provisional_choices(
     (gemm,) = [r for r in doc["conditions"]["choices"] if r["name"] == "gemm"]
     assert gemm["provisional"] and gemm["others"] == 1.0 and gemm["measured_at"]
     assert doc["conditions"]["at_start"]["contended"] is True
-    kind = machine_kind(doc["machine"]["cpu"])
+    kind = doc["machine"]["kind"]
     entry = json.loads((out / f"{kind}.json").read_text())["benchmarks"]["spec"]
     assert entry["conditions"]["provisional"] == ["gemm"]
     assert "provisional_choice" in entry["flags"]

@@ -132,4 +132,8 @@ def test_machine_info_fields() -> None:
         "intel-xeon-platinum-8581c"
     assert machine_kind("AMD EPYC 9B14 96-Core Processor") == "amd-epyc-9b14"
     assert machine_kind("AMD EPYC") == "amd-epyc"
+    # a generic name (a hypervisor's) names several CPUs: the family tells them apart
+    assert machine_kind("AMD EPYC", 25) == "amd-epyc-family-25"
+    assert machine_kind("AMD EPYC", 26) == "amd-epyc-family-26"
+    assert machine_kind("AMD EPYC 9B14 96-Core Processor", 25) == "amd-epyc-9b14"
     assert info["cpu"] in format_machine(info)

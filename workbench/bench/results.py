@@ -1,5 +1,5 @@
 """One results file per machine kind: ``data/results/<kind>.json`` (``kind`` from the CPU model,
-``workbench.machine.machine_kind``: ``amd-epyc``, ``intel-xeon-platinum-8581c``...).
+``workbench.machine.machine_kind``: ``amd-epyc-family-26``, ``intel-xeon-platinum-8581c``...).
 
 Every ``bench`` run merges its summary into the file of the machine it ran on, under the
 benchmark's name, with the exact command, the machine facts, the load before/after and the
@@ -29,7 +29,7 @@ def command_line(argv: list[str] | None = None) -> str:
 def machine_file(folder: str | Path, machine: dict[str, Any] | None = None) -> Path:
     """``<folder>/<kind>.json`` for this (or the given) machine."""
     m = machine or machine_info()
-    return Path(folder) / f"{m.get('kind') or machine_kind(m.get('cpu'))}.json"
+    return Path(folder) / f"{m.get('kind') or machine_kind(m.get('cpu'), m.get('family'))}.json"
 
 
 def record(folder: str | Path, bench: str, summary: list[dict[str, Any]],
@@ -40,8 +40,8 @@ def record(folder: str | Path, bench: str, summary: list[dict[str, Any]],
     machine = report.get("machine") or machine_info()
     path = machine_file(folder, machine)
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    doc["machine"] = {k: machine.get(k) for k in ("cpu", "kind", "flags", "l1d", "l2", "l3",
-                                                   "cores", "torch")}
+    doc["machine"] = {k: machine.get(k) for k in ("cpu", "family", "kind", "flags", "l1d", "l2",
+                                                   "l3", "cores", "torch")}
     doc.setdefault("benchmarks", {})[bench] = {
         "command": command or command_line(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "commit": machine.get("commit"), "torch_threads": machine.get("torch_threads"),
