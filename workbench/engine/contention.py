@@ -28,6 +28,7 @@ Thread counts do not change results: the GEMMs split rows and columns, never the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -292,6 +293,7 @@ class ContentionMonitor:
         self._sample = cpu_sample()
         self._next_check = time.perf_counter() + CHECK_S
         self._last_check = time.perf_counter()
+        self._last_adapt = -math.inf
         self._backoff = BACKOFF_S[0]
 
     @staticmethod
@@ -314,7 +316,8 @@ class ContentionMonitor:
             return None
         now = time.perf_counter()
         drifted = self.drift is not None and self.drift >= DRIFT
-        if now < self._next_check and not (drifted and now >= self._last_check + CHECK_S / 4):
+        # a drift asks before the periodic look, but not before the back-off has passed
+        if now < self._next_check and not (drifted and now >= self._last_adapt + self._backoff):
             return None
         return self.check(now)
 
@@ -327,12 +330,20 @@ class ContentionMonitor:
         cond = between(self._sample, sample, self.drift)
         self._sample = sample
         threads = torch.get_num_threads()
-        if cond.contended == (threads < self.default) and not (
-                self.drift is not None and self.drift >= DRIFT):
-            self._next_check = now + CHECK_S  # the choice fits the conditions
+        busy = bool(dataclasses.replace(cond, drift=None).reasons())
+        drifted = self.drift is not None and self.drift >= DRIFT
+        if busy and threads == 1:
+            fits = True  # nothing below one thread, and more lose beside other work
+        elif drifted:
+            fits = False  # something changed that the machine's counters do not show
+        else:
+            fits = busy == (threads < self.default)
+        if fits:
+            self._next_check = now + CHECK_S
             return None
         why = "; ".join(cond.reasons()) or "quiet again"
         a = self.adapt(cond, why)
+        self._last_adapt = time.perf_counter()
         if a.after == a.before:  # confirmed: wait longer before asking again
             self._backoff = min(BACKOFF_S[1], self._backoff * 2)
         else:
