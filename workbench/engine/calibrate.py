@@ -24,7 +24,9 @@ from workbench.core import Request
 from workbench.engine.prompts import Prompt
 from workbench.engine.runner import ForwardBatch, ModelRunner
 from workbench.errors import ConfigError
+from workbench.models.moe_model import MoeForCausalLM
 from workbench.policy.costmodel import Acceptance, CostModel, CostSample
+from workbench.policy.moe_cost import ExpertBytes, fit_gamma
 from workbench.policy.policies import (
     Always,
     Decision,
@@ -126,10 +128,15 @@ def calibrate(engine: Engine, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     if has_draft:
         points += [(c, b, q, True) for c in ctxs for b in bs for q in sorted({1, k})]
     samples: list[CostSample] = []
+    coverage: list[tuple[int, float]] = []  # MoE target: (tokens, mean distinct experts)
     for c, b, q, is_draft in tqdm(points, desc="calibrate", unit="pt", disable=not progress):
         ms = time_forward(runner, b, q, c, repeats, is_draft)
         samples.append(CostSample("draft" if is_draft else "target", b * q, ms, c))
-    model = CostModel.fit(samples, ema=ema)
+        if not is_draft and isinstance(target, MoeForCausalLM):
+            counts = list(target.routing().values())
+            coverage.append((b * q, float(np.mean([int((x > 0).sum()) for x in counts]))))
+    weights = expert_bytes(target, coverage)
+    model = CostModel.fit(samples, ema=ema, weights=weights)
     if not steps:
         return model
     saved = engine.stats.snapshot()  # the live engine keeps its stats object: restored in place
@@ -167,7 +174,20 @@ def calibrate(engine: Engine, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
         engine.stats.restore(saved)
     samples += [CostSample(f"{kind}_overhead", batch, float(np.median(ms)), context)
                 for (kind, batch), ms in residuals.items()]
-    return CostModel.fit(samples, ema=ema)
+    return CostModel.fit(samples, ema=ema, weights=weights)
+
+
+def expert_bytes(target: object, coverage: Sequence[tuple[int, float]]) -> ExpertBytes | None:
+    """A MoE target's weight-bytes model (its parameter counts at its dtype), with the coverage
+    γ fitted to what the calibration forwards routed (random tokens); None for a dense one."""
+    if not isinstance(target, MoeForCausalLM) or not coverage:
+        return None
+    moe = target.config.moe
+    assert moe is not None
+    bits = 8.0 * target.lm_head.weight.element_size()
+    gamma = fit_gamma([t for t, _ in coverage], [d for _, d in coverage], moe.num_experts,
+                      moe.top_k)
+    return ExpertBytes.from_config(target.config, bits, bits, gamma)
 
 
 def _measure_steps(engine: Engine, prompts: list[list[int]], sp: SamplingParams,

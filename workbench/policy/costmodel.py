@@ -18,6 +18,10 @@ measures them on a live engine); ``observe``/``observe_step`` refresh the model 
 EMA of measured/predicted. ``crossover`` predicts the decode batch where plain decoding catches
 up with speculation (``BatchThreshold.from_cost_model``), at an accept length
 (:class:`Acceptance`) that ``workbench.engine.calibrate.measure_tau`` measures.
+
+MoE targets add a weight-bytes term to the target forward (``weights``, an
+:class:`~workbench.policy.moe_cost.ExpertBytes`): ``ms_per_gb`` times the GB of expert weights
+the forward's tokens touch, predicted from the coverage curve, fitted with a, b, c.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from workbench.errors import ConfigError
+from workbench.policy.moe_cost import ExpertBytes
 
 KINDS = ("target", "draft", "plain_overhead", "spec_overhead")
 STEP_KINDS = ("plain", "spec")
@@ -88,7 +93,8 @@ class CostModel:
     """Predicts plain and speculative step times; ``scale`` holds online EMA corrections.
 
     ``scale["target"|"draft"]`` multiply the components (refreshed by ``observe``);
-    ``scale["plain"|"spec"]`` multiply whole steps (refreshed by ``observe_step``).
+    ``scale["plain"|"spec"]`` multiply whole steps (refreshed by ``observe_step``);
+    ``weights`` / ``ms_per_gb``: a MoE target's expert-bytes term (module doc).
     """
 
     target: LinearCost
@@ -98,11 +104,15 @@ class CostModel:
     ema: float = 0.1
     scale: dict[str, float] = field(
         default_factory=lambda: {k: 1.0 for k in ("target", "draft", *STEP_KINDS)})
+    weights: ExpertBytes | None = None
+    ms_per_gb: float = 0.0
 
     # -- fitting -------------------------------------------------------------------------------
     @classmethod
-    def fit(cls, samples: Iterable[CostSample], ema: float = 0.1) -> CostModel:
-        """Least-squares fit per kind; kinds without samples cost 0. Needs target samples."""
+    def fit(cls, samples: Iterable[CostSample], ema: float = 0.1,
+            weights: ExpertBytes | None = None) -> CostModel:
+        """Least-squares fit per kind; kinds without samples cost 0. Needs target samples.
+        ``weights`` (a MoE target): the target is fitted with the expert-bytes column too."""
         by: dict[str, list[CostSample]] = {k: [] for k in KINDS}
         for s in samples:
             by[s.kind].append(s)
@@ -111,13 +121,24 @@ class CostModel:
         fitted = {k: LinearCost.fit([s.tokens for s in v], [s.ms for s in v],
                                     [s.context for s in v]) if v else LinearCost()
                   for k, v in by.items()}
+        per_gb = 0.0
+        if weights is not None:
+            fitted["target"], per_gb = _fit_with_bytes(by["target"], weights)
         return cls(target=fitted["target"], draft=fitted["draft"],
                    plain_overhead=fitted["plain_overhead"],
-                   spec_overhead=fitted["spec_overhead"], ema=ema)
+                   spec_overhead=fitted["spec_overhead"], ema=ema, weights=weights,
+                   ms_per_gb=per_gb)
 
     # -- predictions ---------------------------------------------------------------------------
+    def target_raw_ms(self, tokens: float, context: float = 0.0) -> float:
+        """The target forward's unscaled prediction (linear terms + expert bytes)."""
+        ms = self.target(tokens, context)
+        if self.weights is not None:
+            ms = max(0.0, ms + self.ms_per_gb * self.weights.expert_gb(tokens))
+        return ms
+
     def target_ms(self, tokens: float, context: float = 0.0) -> float:
-        return self.target(tokens, context) * self.scale["target"]
+        return self.target_raw_ms(tokens, context) * self.scale["target"]
 
     def draft_ms(self, tokens: float, context: float = 0.0) -> float:
         return self.draft(tokens, context) * self.scale["draft"]
@@ -186,7 +207,8 @@ class CostModel:
         if kind not in ("target", "draft"):
             raise ConfigError(f"CostModel.observe: kind {kind!r} not target/draft/plain "
                               "(use observe_step for spec steps)")
-        raw = getattr(self, kind)(tokens, context)
+        raw = self.target_raw_ms(tokens, context) if kind == "target" else self.draft(tokens,
+                                                                                      context)
         self._update(kind, raw, ms)
 
     def observe_step(self, kind: str, predicted_raw_ms: float, ms: float) -> None:
@@ -208,6 +230,9 @@ class CostModel:
         d: dict[str, Any] = {k: vars(getattr(self, k)) for k in KINDS}
         d["ema"] = self.ema
         d["scale"] = dict(self.scale)
+        if self.weights is not None:
+            d["weights"] = self.weights.to_dict()
+            d["ms_per_gb"] = self.ms_per_gb
         return d
 
     @classmethod
@@ -215,13 +240,34 @@ class CostModel:
         parts = {k: LinearCost(**d.get(k, {})) for k in KINDS}
         m = cls(target=parts["target"], draft=parts["draft"],
                 plain_overhead=parts["plain_overhead"], spec_overhead=parts["spec_overhead"],
-                ema=d.get("ema", 0.1))
+                ema=d.get("ema", 0.1),
+                weights=ExpertBytes.from_dict(d["weights"]) if d.get("weights") else None,
+                ms_per_gb=float(d.get("ms_per_gb", 0.0)))
         m.scale.update(d.get("scale", {}))
         return m
 
     def copy(self) -> CostModel:
         """A fresh copy (own scales): give each policy instance its own."""
         return replace(self, scale=dict(self.scale))
+
+
+def _fit_with_bytes(samples: list[CostSample],
+                    weights: ExpertBytes) -> tuple[LinearCost, float]:
+    """Target ms = a + b·T + c·T·C/1000 + ms_per_gb·expert_gb(T), least squares (columns that
+    do not vary dropped, as :meth:`LinearCost.fit`)."""
+    t = np.array([s.tokens for s in samples], dtype=np.float64)
+    y = np.array([s.ms for s in samples], dtype=np.float64)
+    ctx = np.array([s.context for s in samples], dtype=np.float64)
+    cols = {"a": np.ones_like(t)}
+    if np.unique(t).size > 2:  # two token counts: bytes and b cannot both be told apart
+        cols["b"] = t
+    if np.unique(ctx).size > 1:
+        cols["c"] = t * ctx / 1e3
+    cols["gb"] = np.array([weights.expert_gb(v) for v in t])
+    coef, *_ = np.linalg.lstsq(np.stack(list(cols.values()), axis=1), y, rcond=None)
+    fit = dict(zip(cols, (float(v) for v in coef), strict=True))
+    per_gb = fit.pop("gb")
+    return LinearCost(**fit), per_gb
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ controllers and random flips decide at run time and have no upstream equivalent:
 as ``Always()``. ``sglang_version`` older than 0.5.23 (the seeds' box ran 0.5.9) has no adaptive
 tiers: the plan runs static speculation and its notes say to upgrade.
 
+``expert_distribution="per_pass"`` (and ``expert_distribution_dir=``) adds SGLang's expert
+distribution recorder (``--expert-distribution-recorder-mode``, the dump directory's environment
+variable): the box's expert coverage, read by :mod:`workbench.remote.experts`.
+
 ``cuda_graph_max_bs=`` / ``cuda_graph_bs=`` become ``--cuda-graph-max-bs-decode`` /
 ``--cuda-graph-bs-decode``: 0.5.23 rejects the short names as ambiguous and exits.
 """
@@ -183,7 +187,8 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
                 spec: SpecConfig | None = None, host: str = "0.0.0.0", port: int = 30000, *,
                 python: str = "python", sglang_version: str = VERIFIED_VERSION,
                 adaptive_config: str = ADAPTIVE_CONFIG, max_running_requests: int | None = None,
-                export_metrics_dir: str | None = None, **extra: Any) -> LaunchPlan:
+                export_metrics_dir: str | None = None, expert_distribution: str | None = None,
+                expert_distribution_dir: str | None = None, **extra: Any) -> LaunchPlan:
     """The SGLang launch for ``target`` (+ EAGLE-3 ``draft``) on ``tp`` GPUs (module doc).
 
     ``draft=None`` launches the baseline (``spec`` must then be None). With a draft, ``spec=None``
@@ -301,6 +306,16 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
         if not extra.get("enable_metrics"):
             notes.append("export_metrics_dir: the records have no first_token_latency (TTFT) "
                          "without --enable-metrics; pass enable_metrics=True for it")
+    if expert_distribution is not None:
+        from workbench.remote.experts import recorder_launch
+
+        flags, rec_env, rec_notes = recorder_launch(expert_distribution, expert_distribution_dir)
+        cmd += flags
+        env.update(rec_env)
+        notes += rec_notes
+    elif expert_distribution_dir is not None:
+        raise ConfigError("expert_distribution_dir: given without expert_distribution (a "
+                          "recorder mode, e.g. 'per_pass')")
     cmd += ["--tp", str(tp), "--host", host, "--port", str(port)]
     taken = {c for c in cmd if c.startswith("--")} | {"--speculative-adaptive",
                                                      "--speculative-adaptive-config"}

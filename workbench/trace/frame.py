@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from workbench.policy.moe_cost import uniform_coverage
 from workbench.trace.events import (
     DraftStep,
     Event,
@@ -249,12 +250,6 @@ def _requests_rows(evs: list[Event]) -> list[Row]:
         }
         for e in _of(evs, RequestFinished)
     ]
-
-
-def uniform_coverage(num_experts: int, top_k: int, tokens: int | float) -> float:
-    """Expected distinct experts touched by ``tokens`` tokens each routed to ``top_k`` of
-    ``num_experts`` uniformly at random: E·(1 − (1 − k/E)^tokens)."""
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 def _coverage_rows(evs: list[Event]) -> list[Row]:
