@@ -240,7 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-waiting", type=int, default=256,
                    help="requests queued beyond --max-batch-size before 503 + Retry-After")
     s.add_argument("--limit-concurrency", type=int, default=1024,
-                   help="open connections + tasks before uvicorn answers 503")
+                   help="requests in progress before 503 + Retry-After (/health exempt)")
+    s.add_argument("--max-connections", type=int, default=4096,
+                   help="open sockets; at the bound the longest-idle one is closed for a new one")
+    s.add_argument("--write-timeout", type=float, default=30.0,
+                   help="seconds an answer's unsent bytes may make no progress (a client that "
+                        "does not read) before the connection is dropped")
     s.add_argument("--read-timeout", type=float, default=30.0,
                    help="seconds a request's head and body may take to arrive")
     s.add_argument("--keep-alive-timeout", type=float, default=5.0)

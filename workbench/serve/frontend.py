@@ -122,7 +122,8 @@ class ServeState:
         self.check_budget(parsed, len(prompt) if isinstance(prompt, list) else 0)
         try:
             ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream,
-                                      logprobs=parsed.logprobs)
+                                      logprobs=parsed.logprobs,
+                                      share="fanout" if parsed.fanout > 1 else "single")
         except QueueFull as e:
             raise HTTPError(str(e), None, 503) from None
         except LoopClosed:

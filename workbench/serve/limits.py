@@ -1,18 +1,19 @@
 """What one client may cost the server (:class:`ServeLimits`), and where each bound is enforced
 before the engine thread sees a request:
 
-- :class:`LimitsGuard` (ASGI middleware, every route): the API key (``Authorization: Bearer``;
-  /health exempt) and a 413 for a Content-Length over ``max_body_bytes``, before any of the body
-  is read; :func:`read_json_body` counts a chunked body while reading it;
-- :func:`uvicorn_config`: uvicorn's ``limit_concurrency``, keep-alive timeout and header bound,
-  with :func:`bounded_h11`'s read deadline (slowloris, a Content-Length larger than the body);
+- :class:`LimitsGuard` (ASGI middleware, every route): requests in progress (503; /health
+  exempt), the API key (``Authorization: Bearer``; /health exempt) and a 413 for a
+  Content-Length over ``max_body_bytes``, before any of the body is read;
+  :func:`read_json_body` counts a chunked body while reading it;
+- :func:`uvicorn_config`: keep-alive, with :mod:`workbench.serve.connections` (read and write
+  deadlines, the head bound, the connection bound apart from the request bound, TCP_NODELAY,
+  lingering close after an early refusal);
 - the prompt bound and the waiting bound are checked at admission
   (:class:`workbench.serve.frontend.ServeState`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 from dataclasses import dataclass
@@ -20,8 +21,9 @@ from typing import Any
 
 from workbench.core import LogprobParams
 from workbench.errors import ConfigError
+from workbench.serve.connections import guarded_h11
 from workbench.serve.protocol import HTTPError, parse_json_object
-from workbench.serve.web import H11Protocol, JSONResponse, h11, uvicorn
+from workbench.serve.web import JSONResponse, uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,11 @@ class ServeLimits:
     max_body_bytes: int = 8 << 20
     max_prompt_chars: int | None = None  # None: 32 characters per token of max_model_len
     max_waiting: int = 256  # requests queued beyond max_batch_size before 503 + Retry-After
-    limit_concurrency: int = 1024  # open connections + tasks (uvicorn); beyond → 503
+    limit_concurrency: int = 1024  # requests in progress; beyond → 503 (never /health)
+    max_connections: int = 4096  # open sockets; at the bound the longest-idle one is closed
     read_timeout_s: float = 30.0  # a request's head and body must arrive within this
-    keep_alive_s: float = 5.0  # an idle keep-alive connection closes after this
+    keep_alive_s: float = 5.0  # a connection with no request in progress closes after this
+    write_timeout_s: float = 30.0  # an answer nobody reads for this long is dropped
     max_header_bytes: int = 64 << 10  # h11's bound on a request head
     health_step_s: float = 60.0  # /health is red while a step or command runs longer
     retry_after_s: int = 1
@@ -47,7 +51,7 @@ class ServeLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_waiting", "limit_concurrency", "max_header_bytes",
-                     "retry_after_s", "max_logprob_entries"):
+                     "retry_after_s", "max_logprob_entries", "max_connections"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"ServeLimits.{name}: must be an integer >= 1, got {v!r}")
@@ -55,7 +59,7 @@ class ServeLimits:
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 1):
             raise ConfigError(f"ServeLimits.max_prompt_chars: must be an integer >= 1 or None, "
                               f"got {c!r}")
-        for name in ("read_timeout_s", "keep_alive_s", "health_step_s"):
+        for name in ("read_timeout_s", "keep_alive_s", "health_step_s", "write_timeout_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1e6:
                 raise ConfigError(f"ServeLimits.{name}: must be a number of seconds > 0, "
@@ -93,72 +97,40 @@ def logprob_entries(lp: LogprobParams | None, prompt_len: int, max_new: int, voc
     return per * rows
 
 
-def bounded_h11(read_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a read deadline: a request's head and body must arrive within
-    ``read_timeout_s`` of the connection opening or of the request's first byte, or the
-    connection is dropped (uvicorn 0.54 has no header or body read timeout of its own: a
-    slowloris client or a Content-Length larger than the body would hold a connection forever).
-
-    End of input from the client still closes the connection (uvicorn's behaviour): a client
-    that half-closes its socket after the request gets no response, because at EOF it cannot be
-    told apart from one that went away, and a client going away must abort its request (and
-    free its KV) at once."""
-
-    class BoundedH11Protocol(H11Protocol):
-        _read_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def _arm(self) -> None:
-            if self._read_timer is None:
-                self._read_timer = self.loop.call_later(read_timeout_s, self._read_timed_out)
-
-        def _disarm(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
-
-        def data_received(self, data: bytes) -> None:
-            if self.conn.their_state is h11.IDLE:
-                self._arm()  # a request starts (or a keep-alive connection sends the next)
-            super().data_received(data)
-            if self.conn.their_state is not h11.IDLE and \
-                    self.conn.their_state is not h11.SEND_BODY:
-                self._disarm()  # the whole request is in
-
-        def _read_timed_out(self) -> None:
-            self._read_timer = None
-            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and \
-                    not self.transport.is_closing():
-                who = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
-                log.info("dropping %s: request not received within %.0f s", who,
-                         read_timeout_s)
-                self.transport.close()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return BoundedH11Protocol
-
-
 class LimitsGuard:
-    """ASGI middleware in front of every route: the API key (``Authorization: Bearer``), and a
-    413 for a Content-Length over ``max_body_bytes`` before any of the body is read."""
+    """ASGI middleware in front of every route: the API key (``Authorization: Bearer``), a
+    413 for a Content-Length over ``max_body_bytes`` before any of the body is read, and the
+    bound on requests in progress (``limit_concurrency`` → 503 + Retry-After; /health is never
+    refused, so a liveness probe sees a full server as alive)."""
 
-    OPEN = ("/health",)  # liveness probes need no key (as SGLang)
+    OPEN = ("/health",)  # liveness probes need no key (as SGLang) and are never refused
 
     def __init__(self, app: Any, limits: ServeLimits) -> None:
         self.app = app
         self.limits = limits
         self.key = None if limits.api_key is None else f"Bearer {limits.api_key}".encode()
+        self.in_progress = 0
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["path"] in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        if self.in_progress >= self.limits.limit_concurrency:
+            await send_json(send, 503, HTTPError(
+                f"server: {self.in_progress} requests in progress (the limit is "
+                f"{self.limits.limit_concurrency}); retry later", None, 503).body(),
+                [(b"retry-after", str(self.limits.retry_after_s).encode())])
+            return
+        self.in_progress += 1
+        try:
+            await self.guarded(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+    async def guarded(self, scope: Any, receive: Any, send: Any) -> None:
         headers = dict(scope["headers"])
         if self.key is not None and scope["path"] not in self.OPEN and not hmac.compare_digest(
                 headers.get(b"authorization", b""), self.key):
@@ -201,10 +173,13 @@ async def read_json_body(request: Any, limits: ServeLimits) -> dict[str, Any]:
 
 
 def uvicorn_config(app: Any, limits: ServeLimits, log_level: str) -> uvicorn.Config:
-    """uvicorn settings enforcing ``limits`` (connections, timeouts, header size)."""
+    """uvicorn settings enforcing ``limits``: connection hygiene
+    (:func:`~workbench.serve.connections.guarded_h11`: timeouts, the head bound, the connection
+    bound, TCP_NODELAY), keep-alive. uvicorn's own ``limit_concurrency`` is off: it counted
+    idle sockets against requests (1,030 idle sockets made every request a 503);
+    :class:`LimitsGuard` bounds requests in progress instead."""
     return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
-                          http=bounded_h11(limits.read_timeout_s),
-                          limit_concurrency=limits.limit_concurrency,
+                          http=guarded_h11(limits), limit_concurrency=None,
                           timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 

@@ -99,6 +99,7 @@ class Ticket:
     done: bool = False
     submitted: float = field(default_factory=time.perf_counter)
     logprobs: LogprobParams | None = None
+    share: str = "single"  # the queue share it counts against (EngineLoop.SHARES)
 
 
 class LoopClosed(RuntimeError):
@@ -110,7 +111,15 @@ class QueueFull(RuntimeError):
 
 
 class EngineLoop:
-    """Owns ``engine`` on one background thread (module doc). Start with :meth:`start`."""
+    """Owns ``engine`` on one background thread (module doc). Start with :meth:`start`.
+
+    Queue shares: a request that is one choice of several (OpenAI ``n`` / several prompts, a
+    batched ``/generate``) counts against the ``"fanout"`` share, which may hold at most
+    ``FANOUT_SHARE`` of ``max_pending``; single requests may use every slot, so a flood of
+    ``n=16`` requests can fill at most that share and never starves single requests of
+    slots (docs/SERVING.md)."""
+
+    FANOUT_SHARE = 0.5
 
     def __init__(self, engine: Any, idle_wait_s: float = 0.05, max_pending: int | None = None,
                  on_fatal: Callable[[str], None] | None = None) -> None:
@@ -124,6 +133,7 @@ class EngineLoop:
         self.error_id: str | None = None  # names that failure in the log (5xx bodies show it)
         self.rejected_full = 0  # submits refused with QueueFull
         self._pending = 0  # submitted and not done (guarded by _lock)
+        self._fanout_pending = 0  # of which in the "fanout" share
         self._beat = time.monotonic()  # the loop last came round (between steps/commands)
         self._busy_since: float | None = None  # a step or command is running since
         self.prompt_tokens_total = 0
@@ -169,10 +179,14 @@ class EngineLoop:
                 "running": len(self._live)}
 
     def submit(self, prompt: Any, sampling: SamplingParams, sink: Sink,
-               stream: bool = False, logprobs: LogprobParams | None = None) -> Ticket:
+               stream: bool = False, logprobs: LogprobParams | None = None,
+               share: str = "single") -> Ticket:
         """Queue a request for admission; answers arrive on ``sink`` (module doc). Raises
-        :class:`QueueFull` when ``max_pending`` requests are outstanding."""
-        ticket = Ticket(prompt, sampling, sink, stream, logprobs=logprobs)
+        :class:`QueueFull` when ``max_pending`` requests are outstanding, or, for ``share``
+        ``"fanout"``, when that share is full (class doc)."""
+        if share not in ("single", "fanout"):
+            raise ValueError(f"share: 'single' or 'fanout', got {share!r}")
+        ticket = Ticket(prompt, sampling, sink, stream, logprobs=logprobs, share=share)
         with self._lock:
             if self._closed:
                 raise LoopClosed(self.error or "engine loop is stopped")
@@ -180,9 +194,22 @@ class EngineLoop:
                 self.rejected_full += 1
                 raise QueueFull(f"server: {self._pending} requests are queued or running (the "
                                 f"limit is {self.max_pending}); retry later")
+            cap = self.fanout_cap
+            if share == "fanout" and cap is not None and self._fanout_pending >= cap:
+                self.rejected_full += 1
+                raise QueueFull(f"server: choices of requests with several choices hold "
+                                f"{self._fanout_pending} of the {cap} slots they share; retry "
+                                "later")
             self._pending += 1
+            self._fanout_pending += share == "fanout"
             self._cmds.put(("add", ticket))
         return ticket
+
+    @property
+    def fanout_cap(self) -> int | None:
+        """Slots the "fanout" share may hold (None: unbounded)."""
+        return None if self.max_pending is None else max(int(self.max_pending *
+                                                             self.FANOUT_SHARE), 1)
 
     def _done(self, t: Ticket) -> None:
         """Mark ``t`` finished (once) and release its pending slot."""
@@ -190,6 +217,7 @@ class EngineLoop:
             if not t.done:
                 t.done = True
                 self._pending -= 1
+                self._fanout_pending -= t.share == "fanout"
 
     def abort(self, ticket: Ticket) -> None:
         """Abort a submitted request (no-op once finished or if the loop is gone)."""

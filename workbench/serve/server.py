@@ -24,9 +24,13 @@ Limits (:class:`~workbench.serve.limits.ServeLimits`), all enforced before the e
 a request: a body larger than ``max_body_bytes`` → 413 (from its Content-Length, before reading
 it); a text prompt longer than ``max_prompt_chars`` → 400; prompts are tokenized on a worker
 thread, never on the engine thread; more than ``max_batch_size + max_waiting`` requests queued or
-running → 503 with Retry-After; uvicorn's ``limit_concurrency`` caps connections; a request whose
-head and body do not arrive within ``read_timeout_s`` (slowloris, a Content-Length larger than
-the body) is dropped, and idle keep-alive connections close after ``keep_alive_s``. ``api_key``
+running → 503 with Retry-After; ``limit_concurrency`` requests in progress → 503 (never /health);
+connection hygiene (:mod:`workbench.serve.connections`): ``max_connections`` open sockets apart
+from the request bound (the longest-idle one makes room), a request whose head and body do not
+arrive within ``read_timeout_s`` is dropped, a connection with no request closes after
+``keep_alive_s``, an answer nobody reads for ``write_timeout_s`` is dropped, heads over
+``max_header_bytes`` get 431, an early refusal (413) closes by lingering so the client reads it,
+and Nagle is off on every connection. ``api_key``
 requires ``Authorization: Bearer <key>`` on every route but /health. 5xx bodies never carry
 exception text: they name an error id, logged with the details. /health is red (503) when the
 engine loop died or a step has run longer than ``health_step_s``; ``workbench serve`` exits
@@ -129,7 +133,9 @@ def build_app(loop: EngineLoop, name: str = "workbench",
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket (``port=0``: the OS picks a free port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP: asyncio then sets TCP_NODELAY on every accepted connection (with
+    # proto 0 it does not, and a reused connection waited ~40 ms for Nagle per answer)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -280,6 +286,7 @@ def limits_from_args(ns: argparse.Namespace) -> ServeLimits:
                        read_timeout_s=ns.read_timeout, keep_alive_s=ns.keep_alive_timeout,
                        health_step_s=ns.health_step_timeout, api_key=api_key_from_args(ns),
                        max_logprob_entries=ns.max_logprob_entries,
+                       max_connections=ns.max_connections, write_timeout_s=ns.write_timeout,
                        incremental_streaming=ns.incremental_streaming_output)
 
 

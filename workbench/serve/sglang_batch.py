@@ -146,7 +146,7 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
     or one event stream."""
     loop = st.loop
     field = "text" if "text" in items[0][1] else "input_ids"
-    cap = loop.max_pending
+    cap = loop.fanout_cap  # a batch's items count against the share of several-choice requests
     if cap is not None and len(items) > cap:
         raise HTTPError(f"{field}: a batch of {len(items)} prompts is more than this server "
                         f"holds at once ({cap} requests queued or running); split it", field)
