@@ -142,9 +142,10 @@ print(format_machine(machine_info()),
       f"· greedy · {len(prompts)} prompts · {MAX_NEW_TOKENS} new tokens · {REPEATS} repeats · "
       f"load {load.before[0]:.2f} → {load.after[0]:.2f}")
 shown = table[table.arm.isin(["baseline", "eagle3", "never", "threshold", "goodput"])]
+# n: repeats behind the ratio; requests (TTFT) and tokens (ITL) per repeat behind each p50
 highlight_flagged(shown[["arm", "concurrency", "tok_s", "tok_s_lo", "tok_s_hi", "ratio",
-                         "ratio_lo", "ratio_hi", "n", "itl_p50_ms", "ttft_p50_ms", "tau",
-                         "spec_share", "flags"]])
+                         "ratio_lo", "ratio_hi", "n", "requests", "tokens", "itl_p50_ms",
+                         "ttft_p50_ms", "tau", "spec_share", "flags"]])
 
 # %%
 # NBVAL_IGNORE_OUTPUT

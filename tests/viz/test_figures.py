@@ -463,7 +463,7 @@ def test_speedup_vs_batch_error_bars_and_flags() -> None:
     assert_dressed(fig)
     (tr,) = fig.data
     assert list(tr.error_y.array) == pytest.approx([0.1, 0.1, 0.2])
-    assert list(tr.marker.symbol) == ["circle", "circle", "circle-open"]
+    assert list(tr.marker.symbol) == ["circle", "circle", "circle-dot"]
 
 
 def test_latency_cdf_and_percentiles() -> None:
@@ -559,7 +559,8 @@ def test_speedup_vs_batch_markers_neutral_when_straddling() -> None:
                        "flags": ["", "loaded", ""]})
     (tr,) = F.speedup_vs_batch(df).data
     assert list(tr.marker.color) == [F.FASTER, F.NEUTRAL, F.SLOWER]
-    assert list(tr.text) == ["n=3", "n=3 ⚠ loaded", "n=3"]
+    assert list(tr.text) == ["n=3", "n=3 ⚠", "n=3"]
+    assert "sanity flag: loaded" in F.speedup_vs_batch(df).layout.title.text
 
 
 def test_warm_vs_cold_flags_negative_switch_costs() -> None:

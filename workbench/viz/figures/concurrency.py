@@ -223,14 +223,15 @@ def speedup_vs_batch(df: pd.DataFrame, value: str = "vs_baseline", baseline: str
     """Speedup over the baseline against concurrency, one line per arm, with confidence
     intervals: ``df`` has arm, concurrency, ``<value>`` (mean over repeats) and optionally
     ``<value>_lo``/``<value>_hi`` (e.g. ``bench.sanity.ci_columns``), ``n`` (repeats, drawn
-    beside each point) and ``flags`` (sanity codes; a flagged point is an open marker with ⚠
-    and its codes drawn beside it). A marker is filled green/red only when its interval lies
-    wholly above/below 1×, grey when it straddles 1× (the line keeps the arm's colour). The
-    baseline is the dashed 1.0× line."""
+    beside each point) and ``flags`` (sanity codes; a flagged point has a brown ring and ⚠
+    beside it, the codes in the subtitle and hover). A marker is filled green/red only when
+    its interval lies wholly above/below 1×, grey when it straddles 1× (the line keeps the
+    arm's colour). The baseline is the dashed 1.0× line."""
     require(df, ("arm", "concurrency", value), "speedup_vs_batch")
     fig = go.Figure()
     arms = [a for a in dict.fromkeys(df["arm"]) if a != baseline]
     has_ci = {f"{value}_lo", f"{value}_hi"} <= set(df.columns)
+    seen_codes: set[str] = set()
     for i, arm in enumerate(arms):
         st = arm_style(str(arm), i)
         g = df[df["arm"] == arm].sort_values("concurrency")
@@ -246,29 +247,37 @@ def speedup_vs_batch(df: pd.DataFrame, value: str = "vs_baseline", baseline: str
         fills = [interval_color(lo, hi) for lo, hi in zip(
             g[f"{value}_lo"] if has_ci else [None] * len(g),
             g[f"{value}_hi"] if has_ci else [None] * len(g), strict=True)]
-        text = [(f"n={k}" if k is not None else "") + (f" {FLAG_MARK} {c}" if c else "")
+        text = [(f"n={k}" if k is not None else "") + (f" {FLAG_MARK}" if c else "")
                 for k, c in zip(n, codes, strict=True)]
+        seen_codes.update(x for c in codes for x in c.split(",") if x)
         fig.add_trace(go.Scatter(
             x=g["concurrency"], y=g[value], mode="lines+markers+text", name=str(arm),
             error_y=err, text=text, textposition="middle right",
             textfont=dict(size=10, color=["#8a4b00" if f else "#666666" for f in flagged]),
             line=dict(color=st["color"], width=st["width"], dash=st["dash"]),
-            marker=dict(size=[12 if f else 9 for f in flagged], color=fills,
-                        line=dict(color=st["color"], width=2),
-                        symbol=["circle-open" if f else "circle" for f in flagged]),
+            marker=dict(size=[13 if f else 10 for f in flagged], color=fills,
+                        line=dict(color=["#8a4b00" if f else st["color"] for f in flagged],
+                                  width=[3 if f else 2 for f in flagged]),
+                        symbol=["circle-dot" if f else "circle" for f in flagged]),
             customdata=list(zip([k if k is not None else "" for k in n],
                                 [c or "none" for c in codes], strict=True)),
             hovertemplate="c=%{x}: %{y:.3f}× (n=%{customdata[0]})<br>flags: %{customdata[1]}"
                           "<extra>" + html.escape(str(arm)) + "</extra>"))
     fig.add_hline(y=1.0, line=dict(color="#111111", dash="dash"),
                   annotation_text="baseline", annotation_position="bottom right")
-    fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2))
+    cs = [float(c) for c in df["concurrency"] if c > 0] or [1.0]
+    lo, hi = math.log10(min(cs)), math.log10(max(cs))
+    # room on the right for the n / ⚠ labels of the last level
+    fig.update_xaxes(title="concurrent requests", type="log", dtick=math.log10(2),
+                     range=[lo - 0.08, hi + 0.08 + 0.12 * max(hi - lo, 0.3)])
     top = float(df[value].max()) if len(df) else 1.0
     fig.update_yaxes(title="tok/s ÷ baseline's (95 % CI over repeats)",
                      range=[0, max(2.0, 1.4 * top)])  # wide intervals run off the top
+    flagged = (f"{FLAG_MARK} = sanity flag: {', '.join(sorted(seen_codes))}" if seen_codes
+               else "no sanity flags")
     return dress(fig, "Speedup vs batch size (mean and 95 % interval over repeats)<br><sup>"
                       "marker filled green/red only when the interval is wholly above/below "
-                      f"1×, grey when it straddles 1×; {FLAG_MARK} = sanity flag</sup>",
+                      f"1×, grey when it straddles 1×; {flagged}</sup>",
                  width, height + 30, margin=dict(l=60, r=30, t=80, b=50))
 
 

@@ -171,7 +171,8 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
                    color="#333333")
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["speedup"], name="speedup",
                          marker_color=colors, text=text, textposition="outside",
-                         cliponaxis=False, error_y=err, showlegend=False,
+                         cliponaxis=False, constraintext="none", error_y=err,
+                         showlegend=False,
                          marker_line=dict(color=["#8a4b00" if f else "rgba(0,0,0,0)"
                                                  for f in flags], width=2),
                          hovertemplate="%{x}: %{y:.3f}×<extra></extra>"), row=1, col=1)

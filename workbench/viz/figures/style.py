@@ -56,8 +56,10 @@ FLAG_MARK = "⚠"  # after the value of a cell or point that carries a sanity fl
 
 def dress(fig: go.Figure, title: str, width: int, height: int, **kw: Any) -> go.Figure:
     """The last call of every figure: title (left), explicit size, white template, margins
-    (``kw`` overrides and extends the layout)."""
+    (``kw`` overrides and extends the layout; a ``<sup>`` subtitle gets a taller top margin)."""
     kw.setdefault("margin", dict(l=60, r=30, t=60, b=50))
+    if "<sup>" in title:  # a subtitle line: room so it never runs into the panel titles
+        kw["margin"] = {**kw["margin"], "t": max(kw["margin"].get("t", 60), 100)}
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), width=width,
                       height=height, template="plotly_white", **kw)
     return fig

@@ -169,6 +169,7 @@ def warm_vs_cold(switch_df: pd.DataFrame, width: int = WIDTH,
             negative += sum(1 for v in vals if what == "switch" and v < 0)
             fig.add_trace(go.Bar(x=xs, y=vals, name=f"{state} draft", text=text,
                                  textposition="outside", cliponaxis=False,
+                                 constraintext="none",
                                  marker_color=color, legendgroup=state, meta=what,
                                  marker_line=dict(color=["#8a4b00" if what == "switch" and v < 0
                                                          else "rgba(0,0,0,0)" for v in vals],
