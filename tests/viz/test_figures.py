@@ -506,12 +506,14 @@ def test_phase_breakdown_means(traced: tuple[RecordingTracer, list]) -> None:
 
 def test_log_ticks_read_as_real_values() -> None:
     vals, text = F.log_ticks(1.3, 420)
-    assert vals == [2, 5, 10, 20, 50, 100, 200]
-    assert text == ["2", "5", "10", "20", "50", "100", "200"]
+    # from the tick at or below the lowest value to the one at or above the highest
+    assert vals == [1, 2, 5, 10, 20, 50, 100, 200, 500]
+    assert text == ["1", "2", "5", "10", "20", "50", "100", "200", "500"]
     assert vals == sorted(vals)  # never "2, 5, 100, 2, 5"
-    assert F.log_ticks(0.4, 3000)[1] == ["0.5", "1", "2", "5", "10", "20", "50", "100", "200",
-                                         "500", "1k", "2k"]
-    assert len(F.log_ticks(3.1, 3.4)[0]) >= 2  # a narrow range still gets two ticks
+    assert F.log_ticks(0.4, 3000)[1] == ["0.2", "0.5", "1", "2", "5", "10", "20", "50", "100",
+                                         "200", "500", "1k", "2k", "5k"]
+    assert F.log_ticks(3.1, 3.4)[0] == [2, 5]  # a narrow range still gets two ticks
+    assert F.log_ticks(20, 50)[0] == [20, 50]
 
 
 def test_concurrency_curves_latency_axes_ticked_with_values() -> None:
@@ -549,7 +551,9 @@ def test_latency_cdf_shows_n_and_no_p99_from_few_samples() -> None:
     assert "(n = 150)" in lines["eagle3"].name and "p99 49.5 ms" in lines["eagle3"].name
     marks = {t.legendgroup: t for t in fig.data if t.mode == "markers"}
     assert len(marks["baseline"].x) == 1 and len(marks["eagle3"].x) == 2  # no p99 marker
-    assert list(fig.layout.xaxis.ticktext)[:3] == ["0.5", "1", "2"]
+    assert list(fig.layout.xaxis.ticktext)[:3] == ["0.2", "0.5", "1"]
+    lo, hi = fig.layout.xaxis.range  # the end ticks are inside the axis
+    assert lo < math.log10(0.2) and hi > math.log10(50)
 
 
 def test_speedup_vs_batch_markers_neutral_when_straddling() -> None:

@@ -108,19 +108,18 @@ def interval_color(lo: float | None, hi: float | None, ref: float = 1.0) -> str:
 
 
 def log_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
-    """Tick values 1, 2, 5 × 10^k covering [lo, hi] (both > 0) and their labels ("0.5",
-    "1", "2", "5", "10", "20", "50", "100", "200", "1k" …): a log axis reads as real values,
-    in order, never "2, 5, 100, 2, 5"."""
+    """Tick values 1, 2, 5 × 10^k from the nearest one at or below ``lo`` to the nearest one at
+    or above ``hi`` (both > 0) and their labels ("0.5", "1", "2", "5", "10", "20", "50",
+    "100", "200", "1k" …): a log axis reads as real values, in order, never "2, 5, 100, 2,
+    5", and both ends of the data carry a labelled tick."""
     if not (lo > 0 and hi > 0):
         raise ValueError(f"log_ticks: bounds must be > 0, got {lo}, {hi}")
     lo, hi = min(lo, hi), max(lo, hi)
-    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    k0, k1 = math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1
     vals = [m * 10.0 ** k for k in range(k0, k1 + 1) for m in (1, 2, 5)]
-    inside = [v for v in vals if lo / 1.0001 <= v <= hi * 1.0001]
-    if len(inside) < 2:  # a narrow range: the neighbours on each side
-        below = [v for v in vals if v < lo][-1:]
-        above = [v for v in vals if v > hi][:1]
-        inside = below + inside + above
+    first = max(v for v in vals if v <= lo * 1.0001)
+    last = min(v for v in vals if v >= hi / 1.0001)
+    inside = [float(f"{v:.6g}") for v in vals if first <= v <= last]
     return inside, [_tick_text(v) for v in inside]
 
 
@@ -141,7 +140,9 @@ def tick_log_axis(fig: go.Figure, values: Sequence[float], axis: str = "y",
         return
     tv, tt = log_ticks(min(vals), max(vals))
     upd = fig.update_yaxes if axis == "y" else fig.update_xaxes
-    upd(type="log", tickvals=tv, ticktext=tt, **where)
+    pad = 0.02 * (math.log10(tv[-1]) - math.log10(tv[0]))  # the end ticks stay inside
+    upd(type="log", tickvals=tv, ticktext=tt,
+        range=[math.log10(tv[0]) - pad, math.log10(tv[-1]) + pad], **where)
 
 
 def percentile_text(samples: Sequence[float], q: float) -> tuple[float | None, str]:
