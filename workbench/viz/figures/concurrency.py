@@ -273,11 +273,11 @@ def speedup_vs_batch(df: pd.DataFrame, value: str = "vs_baseline", baseline: str
     top = float(df[value].max()) if len(df) else 1.0
     fig.update_yaxes(title="tok/s ÷ baseline's (95 % CI over repeats)",
                      range=[0, max(2.0, 1.4 * top)])  # wide intervals run off the top
-    flagged = (f"{FLAG_MARK} = sanity flag: {', '.join(sorted(seen_codes))}" if seen_codes
-               else "no sanity flags")
+    legend = (f"{FLAG_MARK} = sanity flag: {', '.join(sorted(seen_codes))}" if seen_codes
+              else "no sanity flags")
     return dress(fig, "Speedup vs batch size (mean and 95 % interval over repeats)<br><sup>"
                       "marker filled green/red only when the interval is wholly above/below "
-                      f"1×, grey when it straddles 1×; {flagged}</sup>",
+                      f"1×, grey when it straddles 1×; {legend}</sup>",
                  width, height + 30, margin=dict(l=60, r=30, t=80, b=50))
 
 
