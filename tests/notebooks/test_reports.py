@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,8 +52,34 @@ def test_export_writes_page_and_manifest(exported: Path) -> None:
     # the stamp and the index carry date, commit, machine, load, run time and sanity status
     assert 'class="wb-stamp"' in html and "load (1-min" in html
     assert page["commit"] and page["machine"] and page["load_before"] and page["sanity"]
+    # the stamp names the engine's measured choices and the page's computed claims, all of
+    # which follow from their own intervals
+    assert "conditions (measured choices): " in html and "gemm=" in html
+    assert page["conditions"] and page["claims"]["claims"] >= 3
+    assert page["claims"]["problems"] == [] and "computed claim(s)" in html
     index = (exported / "index.html").read_text()
     assert 'href="01_quickstart.html"' in index and page["sanity"]["status"] in index
+
+
+def test_check_reports_fails_a_page_whose_claim_its_interval_denies(exported: Path,
+                                                                   tmp_path: Path) -> None:
+    """A page edited to word a claim against its interval fails the browser check."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    page = bad / "01_quickstart.html"
+    html = page.read_text()
+    lie = re.sub(r'data-verdict="(below|above|unresolved)"',
+                 lambda m: 'data-verdict="' + {"below": "above", "above": "below",
+                                               "unresolved": "above"}[m.group(1)] + '"',
+                 html, count=1)
+    assert lie != html
+    page.write_text(lie)
+    out = bad / "check.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_reports.py"),
+                           "--reports", str(bad), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    (res,) = json.loads(out.read_text())
+    assert proc.returncode == 1 and not res["ok"] and res["claim_problems"]
 
 
 def test_stale_pages_removed_and_index_lists_the_rest(exported: Path) -> None:
@@ -94,5 +121,6 @@ def test_page_renders_offline_in_chromium(exported: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert res["ok"] and res["plotly_rendered"] == res["plotly_expected"] >= 3
     assert res["console_errors"] == [] and res["failed_requests"] == []
+    assert res["claims"] >= 3 and res["claim_problems"] == []
     shot = exported / res["screenshot"]
     assert shot.is_file() and shot.stat().st_size > 20_000
