@@ -200,3 +200,28 @@ def test_decision_shapes_checked_before_replay(recorded: RecordedRun) -> None:
         finally:
             path.unlink()
     assert Decision(False).shape is None
+
+
+def test_anchored_step_model(lab_engine, lab_prompts: list[str]) -> None:
+    """Measured steps are the anchors: the model gives them back at the measured batches
+    (shape, τ and context as measured), interpolates between them, keeps its type through a
+    save and a policy's copy, and moves only by the component difference for other shapes."""
+    from workbench.lab.stepfit import AnchoredCostModel, cost_model_from_dict, fit_step_model
+
+    cm = fit_step_model(lab_engine, lab_prompts, (3, 2, 6), contexts=(64,), batches=(1, 2),
+                        tokens=10)
+    a = cm.anchors
+    assert a["batches"] == [1, 2] and a["shape"] == [3, 2, 6] and min(a["samples"]) > 0
+    for i, b in enumerate(a["batches"]):
+        assert cm.plain_step_ms(b, a["context"][i], warm=False) == pytest.approx(a["plain"][i])
+        assert cm.spec_step_ms(b, 3, 2, 6, tau=a["tau"][i], context=a["context"][i]) == \
+            pytest.approx(a["spec"][i])
+    mid = cm.plain_step_ms(1.5, float(np.interp(1.5, [1, 2], a["context"])), warm=False)
+    assert mid == pytest.approx((a["plain"][0] + a["plain"][1]) / 2, rel=1e-6)
+    back = cost_model_from_dict(json.loads(json.dumps(cm.to_dict())))
+    assert isinstance(back, AnchoredCostModel) and back.anchors == cm.anchors
+    assert isinstance(cm.copy(), AnchoredCostModel)
+    d = (cm.spec_step_ms(1, 2, 1, 3, tau=2.0, context=a["context"][0])
+         - cm.spec_step_ms(1, 3, 2, 6, tau=2.0, context=a["context"][0]))
+    assert d == pytest.approx(cm._components(1, (2, 1, 3), 2.0, a["context"][0])
+                              - cm._components(1, (3, 2, 6), 2.0, a["context"][0]))

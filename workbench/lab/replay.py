@@ -67,7 +67,9 @@ def cost_model_of(run: Run) -> CostModel:
     if not run.cost_model:
         raise ConfigError(f"RUN {run.path}: no cost model recorded (record with the engine's "
                           "calibration: `lab record` does)")
-    return CostModel.from_dict(run.cost_model)
+    from workbench.lab.stepfit import cost_model_from_dict
+
+    return cost_model_from_dict(run.cost_model)
 
 
 def measured_acceptance(run: Run, shape: Shape | None = None,

@@ -20,10 +20,11 @@ recorded request i mod R (the prompts' order), a new one joins as soon as one fi
 The draft's extend rule is the worker's: ``warm`` extends on every plain step, ``cold`` never,
 ``auto`` in the first 8 plain steps of an off stretch and only drafts at most
 ``catchup_window`` behind; a cold draft keeps the last ``catchup_window`` rows, which the next
-speculative step catches up. Step times (modelled): prefill = target(T, context);
-plain = target(B) + plain overhead(B) + draft(rows extended); spec = target(n·N + riders) +
-(S−1)·draft(n·K) + draft(Σ(m+1)) + spec overhead(B), plus a catch-up draft(rows) — the
-``CostModel`` terms, per step with its real counts.
+speculative step catches up. Step times (modelled): prefill = target(T, context); plain =
+``plain_step_ms(B)`` (cold) + draft(rows extended); spec = ``spec_step_ms(n, S, K, N, τ)``
+at the n speculating requests' own accept length + the riders' extra target rows + any warm
+extend, plus a catch-up draft(rows) — the run's cost model (an anchored one for recordings:
+:mod:`workbench.lab.stepfit`), per step with its real counts.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class Simulator:
                     if d.speculate:
                         d = Decision(False, reason=f"{d.reason}; ran plain")
                     ms = self._price(decode, None, ctx, streak)[1] if spec else \
-                        cm.target_ms(b, ctx) + cm.plain_overhead(b)
+                        cm.plain_step_ms(b, ctx, warm=False)
                     self._plain_rows(decode, streak, spec)
                     streak, mode, tokens = streak + 1, "plain", tokens + b
                     if spec:
@@ -244,26 +245,26 @@ class Simulator:
     def _price(self, decode: list[_Req], shape: Shape | None, ctx: float,
                streak: int) -> tuple[int, float, float]:
         """(tokens emitted, step ms incl. catch-up, catch-up ms) of running ``shape`` (None:
-        plain) on ``decode`` now; the acceptance is the recorded one."""
+        plain) on ``decode`` now; the acceptance is the recorded one. The step is the cost
+        model's plain / speculative step (at the speculating requests' own accept length),
+        plus the riders' rows in the verify and any warm extend, plus a cold catch-up."""
         cm, b = self.cost, len(decode)
         specs = [q for q in decode if q.left > 1] if shape is not None else []
         ride = [q for q in decode if q not in specs] if specs else decode
         ext = sum(q.lag + 1 for q in ride if self._extendable(q, streak))
+        extend = cm.draft_ms(ext, ctx) if ext else 0.0
         if not specs:
-            ms = cm.target_ms(b, ctx) + cm.plain_overhead(b) + \
-                (cm.draft_ms(ext, ctx) if ext else 0.0)
-            return b, max(ms, 1e-6) * cm.scale["plain"], 0.0
+            return b, cm.plain_step_ms(b, ctx, warm=False) + extend, 0.0
         s, k, n = shape  # type: ignore[misc]
         m = self.run.accept_table(shape)
         em = [min(int(m[q.off + q.j]) + 1, q.left) for q in specs]
         lag = sum(q.lag for q in specs)
         catchup = cm.draft_ms(lag, ctx) if lag else 0.0
-        ms = (cm.target_ms(len(specs) * n + len(ride), ctx)
-              + (s - 1) * cm.draft_ms(len(specs) * k, ctx)
-              + cm.draft_ms(sum(em), ctx) + cm.spec_overhead(b)
-              + (cm.draft_ms(ext, ctx) if ext else 0.0))
-        ms = max(ms, 1e-6) * cm.scale["spec"] + catchup
-        return sum(em) + len(ride), ms, catchup
+        rows = len(specs) * n
+        ms = (cm.spec_step_ms(len(specs), s, k, n, tau=sum(em) / len(specs), context=ctx)
+              + (cm.target_ms(rows + len(ride), ctx) - cm.target_ms(rows, ctx) if ride
+                 else 0.0) + extend)
+        return sum(em) + len(ride), ms + catchup, catchup
 
     @staticmethod
     def _row(c: int, done: list[_Req], clock: float,

@@ -1,28 +1,32 @@
-"""The recording's step-time model: forward costs measured on scratch KV (``calibrate``'s
-components), the per-step overheads refitted from whole steps on the recorded prompts.
+"""The recording's step-time model: whole steps measured on the recorded prompts, the
+component model (``calibrate``'s forward costs on scratch KV) only for what differs.
 
-``calibrate`` fits the overheads from steps on random-token prompts, where almost nothing is
-accepted; on real text a speculative step commits τ ≈ 4 tokens (KV compaction, appends, the
-extend over the accepted path), so its overhead there was 20-25 % short of a measured step on
-the EPYC (21.8 vs 27.5 ms at bs=1, S5K4N16). Here the overheads come from closed loops on the
-recorded prompts: plain steps (``Never``, cold draft) and speculative ones (``Always`` at the
-recorded shape) at a few batch sizes; each step's residual — its time less the components it
-ran (target over B·N rows, S−1 draft steps over B·K, the extend over its Σ(m+1) accepted
-tokens) — and the *mean* residual per (kind, batch) is one overhead sample: tokens/s is total
-tokens over total time, so a replay must predict mean step times (on the loaded EPYC, load 6,
-bs=1: plain 13.0 ms median / 14.8 mean, S5K4N16 35.7 / 34.3).
+``calibrate`` alone predicted a bs=1 S5K4N16 step at 21.8 ms where the engine took 27.5 on the
+EPYC (its overheads come from random-token prompts, where almost nothing is accepted, and its
+forward costs are minima); refitting the overheads as lines in the batch did not hold either
+(the verify's cost grows faster than linearly from batch 4 to 16 here). So the model is
+*anchored* on measured steps (:class:`AnchoredCostModel`): closed loops on the recorded
+prompts at a few batch sizes, plain (``Never``, cold draft: what a policy's off stretch
+costs) and speculative (``Always`` at the recorded shape), each the median step per (kind,
+batch): a mean was swung by single preempted steps (19.5 ms of plain overhead at bs=1, load
+7, beside 12.8 ms whole plain steps). Plain and speculative steps are measured in their own
+loops, as the engine runs them under a policy: alternating them step by step made a bs=1
+plain step 21-26 ms instead of 13 (load 7-9). Other shapes, accept lengths and contexts add
+the component model's difference.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from workbench.engine.calibrate import calibrate
-from workbench.policy.costmodel import CostModel, LinearCost
+from workbench.errors import ConfigError
+from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Always, Never, RecordingPolicy, Shape
 
 BATCHES = (1, 4, 16)
@@ -62,37 +66,100 @@ def _steps(engine: Any, prompts: Sequence[str], spec: Any, batch: int,
     return rows[1:]
 
 
+@dataclass
+class AnchoredCostModel(CostModel):
+    """A CostModel whose plain and speculative step times at the recorded shape are the
+    *measured* medians at the measured batch sizes (``anchors``; piecewise linear in the batch
+    between them, the last segment's slope beyond), corrected by the component model only for
+    what differs from the measured step: another shape, accept length or context. Policies
+    (``threshold:auto``, Goodput) and the replay read it through ``plain_step_ms`` /
+    ``spec_step_ms`` like any CostModel.
+
+    ``anchors``: ``batches``, ``plain`` (ms of a cold plain step: measured warm steps less the
+    draft extend's component), ``spec`` (ms), ``tau`` (tokens a speculating request committed
+    per step there), ``context`` (mean KV length there), ``shape``."""
+
+    anchors: dict[str, Any] = field(default_factory=dict)
+
+    def _at(self, key: str, batch: float) -> float:
+        xs, ys = self.anchors["batches"], self.anchors[key]
+        if len(xs) == 1:
+            return float(ys[0])
+        if batch >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return float(ys[-1] + slope * (batch - xs[-1]))
+        return float(np.interp(batch, xs, ys))
+
+    def _components(self, batch: int, shape: Sequence[int], tau: float, ctx: float) -> float:
+        s, k, n = shape
+        return (self.target_ms(batch * n, ctx) + (s - 1) * self.draft_ms(batch * k, ctx)
+                + self.draft_ms(batch * tau, ctx))
+
+    def plain_step_ms(self, batch: int, context: float = 0.0, warm: bool = True,
+                      scaled: bool = True) -> float:
+        ctx0 = self._at("context", batch)
+        ms = self._at("plain", batch) + self.target_ms(batch, context) - \
+            self.target_ms(batch, ctx0)
+        if warm:
+            ms += self.draft_ms(batch, context)
+        return max(ms, 1e-6) * (self.scale["plain"] if scaled else 1.0)
+
+    def spec_step_ms(self, batch: int, num_steps: int, topk: int, num_draft_tokens: int,
+                     tau: float = 1.0, context: float = 0.0, scaled: bool = True) -> float:
+        shape0 = self.anchors["shape"]
+        ms = (self._at("spec", batch)
+              + self._components(batch, (num_steps, topk, num_draft_tokens), tau, context)
+              - self._components(batch, shape0, self._at("tau", batch),
+                                 self._at("context", batch)))
+        return max(ms, 1e-6) * (self.scale["spec"] if scaled else 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "anchors": self.anchors}
+
+
+def cost_model_from_dict(d: dict[str, Any]) -> CostModel:
+    """A saved cost model: anchored when it has ``anchors``."""
+    base = CostModel.from_dict(d)
+    if not d.get("anchors"):
+        return base
+    return AnchoredCostModel(base.target, base.draft, base.plain_overhead, base.spec_overhead,
+                             base.ema, dict(base.scale), dict(d["anchors"]))
+
+
 def fit_step_model(engine: Any, prompts: Sequence[str], shape: Shape,
                    contexts: Sequence[int] = (128, 384), batches: Sequence[int] = BATCHES,
-                   tokens: int = 32) -> CostModel:
-    """The cost model of the module doc (components from ``calibrate``, overheads refitted on
-    ``prompts``)."""
+                   tokens: int = 48) -> AnchoredCostModel:
+    """The step-time model of the module doc: ``calibrate``'s components, and whole steps
+    measured on ``prompts`` at ``batches`` as the anchors."""
     from workbench.config import SpecConfig
 
     comp = calibrate(engine, shape=shape, contexts=contexts, steps=False)
     s, k, n = shape
-    resid: dict[tuple[str, int], list[float]] = {}
+    rows: dict[int, dict[str, list[float]]] = {}
     for b in batches:
         if b > engine.config.max_batch_size:
             continue
-        for kind, policy in (("plain", Never()), ("spec", Always())):
-            spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=policy,
-                              draft_state="cold" if kind == "plain" else "auto")
+        got = rows.setdefault(b, {"plain": [], "spec": [], "tau": [], "context": []})
+        for spec in (SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=Never(),
+                                draft_state="cold"),
+                     SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=Always(),
+                                draft_state="auto")):
             for batch, ctx, ms, d, acc in _steps(engine, prompts, spec, b, tokens):
-                if kind == "plain":
-                    pred = comp.target_ms(batch, ctx)
-                elif d.speculate and acc:
-                    pred = (comp.target_ms(len(acc) * d.num_draft_tokens + batch - len(acc),
-                                           ctx)
-                            + (d.num_steps - 1) * comp.draft_ms(len(acc) * d.topk, ctx)
-                            + comp.draft_ms(sum(a + 1 for a in acc), ctx))
-                else:
-                    continue
-                resid.setdefault((kind, batch), []).append(ms - pred)
-    fitted = {}
-    for kind in ("plain", "spec"):
-        pts = sorted((b, float(np.mean(v))) for (kd, b), v in resid.items() if kd == kind)
-        fitted[kind] = LinearCost.fit([p[0] for p in pts], [p[1] for p in pts]) if pts \
-            else LinearCost()
-    return CostModel(target=comp.target, draft=comp.draft, plain_overhead=fitted["plain"],
-                     spec_overhead=fitted["spec"])
+                if batch != b:
+                    continue  # a request finished early: not this batch size
+                if d.speculate and len(acc) == b:
+                    got["spec"].append(ms)
+                    got["tau"].append(sum(a + 1 for a in acc) / b)
+                    got["context"].append(ctx)
+                elif not d.speculate:
+                    got["plain"].append(ms)
+    done = sorted(b for b, v in rows.items() if v["plain"] and v["spec"])
+    if not done:
+        raise ConfigError("fit_step_model: no batch size ran both a plain and a speculative "
+                          "step (prompts too short for the tokens asked?)")
+    anchors = {"shape": list(shape), "batches": done,
+               **{key: [float(np.median(rows[b][key])) for b in done]
+                  for key in ("plain", "spec", "tau", "context")},
+               "samples": [len(rows[b]["spec"]) + len(rows[b]["plain"]) for b in done]}
+    return AnchoredCostModel(comp.target, comp.draft, comp.plain_overhead, comp.spec_overhead,
+                             comp.ema, dict(comp.scale), anchors)

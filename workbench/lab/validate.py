@@ -54,10 +54,18 @@ def measured_ratios(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return s.rename(columns={"arm": "policy", "tok_s": "measured_tok_s"})
 
 
-def against(replayed: pd.DataFrame, path: str | Path) -> pd.DataFrame:
+def against(replayed: pd.DataFrame,
+            measured: str | Path | list[dict[str, Any]] | pd.DataFrame) -> pd.DataFrame:
     """``replayed`` (lab replay's rows) with the measured ratios, ``ratio_error`` and
-    ``within_10pct`` where the bench ran that policy at that level."""
-    m = measured_ratios(read_bench_rows(path))
+    ``within_10pct`` where the bench ran that policy at that level. ``measured``: a bench
+    output file (:func:`read_bench_rows`) or its rows (``run_concurrency``'s frame)."""
+    if isinstance(measured, pd.DataFrame):
+        rows = measured.to_dict(orient="records")
+    elif isinstance(measured, list):
+        rows = measured
+    else:
+        rows = read_bench_rows(measured)
+    m = measured_ratios(rows)
     out = replayed.merge(m, on=["policy", "concurrency"], how="left")
     out["ratio_error"] = out["vs_never"] / out["measured_vs_never"] - 1.0
     out["within_10pct"] = [None if pd.isna(e) else bool(abs(e) <= TOLERANCE)

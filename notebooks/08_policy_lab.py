@@ -1,0 +1,215 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Policy lab: score any speculation policy on one recorded run
+#
+# **You will learn** how one recorded run answers *every* speculation policy at *every*
+# concurrency without another target forward, how SGLang's adaptive controller (its own code,
+# from the installed wheel) and vLLM's dynamic table compare with ours on the same data, how far
+# each is from a hindsight oracle, whether the replay agrees with a real run, and how the winner
+# becomes an SGLang tier file for the box.
+#
+# **Why it works.** For greedy decoding the output does not depend on the policy, so the
+# accepted length of any tree at any position is the longest tree path matching the recorded
+# continuation, +1. The recording keeps, at every output position, the candidates the head
+# proposes there (for every top-k up to the recorded one), so every smaller shape's tree is
+# rebuilt exactly as the engine builds it. Step *times* are modelled; docs/LAB.md says what is
+# exact and what is modelled.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("WORKBENCH_FAST") == "1"
+SHAPE = (4, 2, 8) if FAST else (5, 4, 16)  # the recorded (largest) shape
+MAX_NEW_TOKENS = 24 if FAST else 48
+LEVELS = (1, 2, 4, 8, 16, 32, 64)  # replayed: cheap at any level
+REAL_LEVELS = (1, 4)  # the real-run check: every arm for real at these levels
+POLICIES = "always,threshold:auto,goodput,sglang,vllm"
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import dataclasses
+import tempfile
+import time
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+import workbench as wb
+from workbench.bench.concurrency import run_concurrency
+from workbench.engine.calibrate import measure_tau
+from workbench.lab.arms import ArmInputs, make_policy, split_policies
+from workbench.lab.box import check_tiers, compile_tiers, initial_steps
+from workbench.lab.record import record
+from workbench.lab.replay import replay, winner
+from workbench.lab.stepfit import fit_step_model
+from workbench.lab.trees import bs1_accept_lengths
+from workbench.lab.validate import against
+from workbench.machine import format_machine, loadavg, machine_info
+from workbench.train.demo_models import demo_models
+from workbench.viz import figures as F
+from workbench.viz.figures.style import dress
+from workbench.viz import prose as P
+
+models = demo_models(fast=FAST)
+engine = wb.Engine.from_pretrained(models.target, draft=models.draft,
+                                   config=wb.EngineConfig(max_batch_size=64))
+prompts = list(models.prompts)
+print(models.describe())
+print(format_machine(machine_info()), "· load", loadavg())
+
+# %% [markdown]
+# ## Record once
+# The step-time model is measured first (forward costs on scratch KV, then the overheads of
+# whole plain and speculative steps on these prompts), then every prompt is decoded once with a
+# warm draft while the engine's own drafter proposes, at each position, one tree per top-k with
+# every candidate kept.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t0 = time.perf_counter()
+cost = fit_step_model(engine, prompts, SHAPE, tokens=16 if FAST else 32)  # anchored steps
+run = record(engine, prompts, SHAPE, MAX_NEW_TOKENS, cost_model=cost)
+record_s = time.perf_counter() - t0
+walk = [e for r in bs1_accept_lengths(run, SHAPE) for e in r]
+P.say(f"Recorded {len(prompts)} prompts × {MAX_NEW_TOKENS} tokens: {len(run.req)} positions, "
+      f"top-k 1..{SHAPE[1]}, chains to {run.chain_steps} steps, in {record_s:.1f} s "
+      f"(step model included). Replayed alone at S{SHAPE[0]}K{SHAPE[1]}N{SHAPE[2]}, "
+      f"τ = {sum(walk) / len(walk):.2f} over {len(walk)} verify steps.")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("outputs:", [len(o) for o in run.outputs], "· tree rows:", len(run.req),
+      "· top-k recorded:", sorted(run.trees))
+
+# %% [markdown]
+# ## Replay every arm at c = 1 … 64
+# `never` (the ratio's base) and the hindsight `oracle` (per step, the shape or off that
+# emits the most tokens per modelled ms given the acceptance that actually happens) always
+# run. `sglang` is `AdaptiveSpeculativeParams` from the sglang 0.5.23 wheel with its default
+# tiers, deciding chains; `vllm` is the docs' EAGLE-3 table (1–16 → 5, 17–32 → 4, 33–64 → 3,
+# 65–128 → 1, then 0).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+t0 = time.perf_counter()
+df, results = replay(run, POLICIES, list(LEVELS))
+replay_s = time.perf_counter() - t0
+cols = ["policy", "concurrency", "tok_s", "vs_never", "tau", "spec_fraction", "tpot_p50_ms",
+        "tpot_p99_ms", "regret"]
+df[cols].round(3)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(sorted(set(df["policy"])), sorted(set(df["concurrency"])))
+print("oracle regret is 0 everywhere:", bool((df[df.policy == "oracle"].regret.abs() < 1e-9).all()))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fig = go.Figure()
+env = df[df.policy == "oracle"].sort_values("concurrency")
+fig.add_trace(go.Scatter(x=env.concurrency, y=env.tok_s, name="oracle (hindsight)",
+                         mode="lines", line=dict(color="#bbbbbb", width=0),
+                         fill="tozeroy", fillcolor="rgba(200,200,200,0.35)"))
+for i, name in enumerate(p for p in dict.fromkeys(df.policy) if p != "oracle"):
+    d = df[df.policy == name].sort_values("concurrency")
+    st = F.arm_style(name, i)
+    fig.add_trace(go.Scatter(x=d.concurrency, y=d.tok_s, name=name, mode="lines+markers",
+                             line=dict(color=st["color"], width=st["width"], dash=st["dash"])))
+fig.update_xaxes(type="log", tickvals=list(LEVELS), title="concurrency (requests in flight)")
+fig.update_yaxes(title="output tok/s (replayed)")
+dress(fig, "tokens/s vs concurrency per policy, under the hindsight oracle's envelope",
+        900, 420)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+regret = df[~df.policy.isin(["oracle"])].pivot(index="policy", columns="concurrency",
+                                               values="regret")
+regret["mean"] = regret.mean(axis=1)
+best = winner(df)
+worst_level = int(df[df.policy == best].set_index("concurrency").regret.idxmax())
+P.say(f"Regret = 1 − tok/s ÷ the oracle's. Least mean regret over c = {LEVELS[0]}…"
+      f"{LEVELS[-1]}: **{best}** ({regret.loc[best, 'mean']:.1%}; its worst level c = "
+      f"{worst_level}, {regret.loc[best, worst_level]:.1%}). SGLang's controller: "
+      f"{regret.loc['sglang', 'mean']:.1%}, vLLM's table: {regret.loc['vllm', 'mean']:.1%}, "
+      f"`never`: {regret.loc['never', 'mean']:.1%}. The whole replay took {replay_s:.1f} s.")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+regret.style.format("{:.1%}")
+
+# %% [markdown]
+# ## The real-run check beside the prediction
+# The same policies, built the same way (`lab.arms`), run for real on this engine beside
+# `baseline` and `never` (`bench concurrency --policy ... --prompts-file ...` does this from
+# the command line), at two levels. The replay predicts each policy's tok/s over `never`'s.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+acc = measure_tau(engine, prompts, SHAPE, max_new_tokens=MAX_NEW_TOKENS)
+inputs = ArmInputs(SHAPE, cost, acc, engine.config.max_batch_size)
+base = wb.SpecConfig(*SHAPE, draft_state="auto")
+real_arms = {"baseline": None}
+for name in ["never", *split_policies(POLICIES)]:
+    real_arms[name] = dataclasses.replace(base, policy=make_policy(name, inputs))
+load_before = loadavg()
+measured = run_concurrency(engine, prompts, levels=REAL_LEVELS, arms=real_arms,
+                           max_new_tokens=MAX_NEW_TOKENS, progress=False)
+load_after = loadavg()
+check = against(df[df.concurrency.isin(REAL_LEVELS)], measured)
+check = check[~check.policy.isin(["never", "oracle"])]
+check[["policy", "concurrency", "vs_never", "measured_vs_never", "ratio_error",
+       "within_10pct"]].round(3)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("real outputs equal the baseline's for every policy:",
+      bool(measured.lossless.dropna().all()))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+ok = int(check.within_10pct.sum())
+err = check.ratio_error.abs()
+P.say(f"The replayed ratio is within ±10 % of the measured one in {ok} of {len(check)} cells "
+      f"(largest miss {err.max():.1%}, {check.loc[err.idxmax(), 'policy']} at c = "
+      f"{int(check.loc[err.idxmax(), 'concurrency'])}); one real repeat per cell, load "
+      f"{load_before[0] if load_before else 'n/a'} → {load_after[0] if load_after else 'n/a'} "
+      f"on {os.cpu_count()} cores. Greedy acceptance is exact; the misses are step times.")
+
+# %% [markdown]
+# ## The winner as an SGLang 0.5.23 tier file
+# Per batch size, the chain steps the policy ran (a candidate list where it varied; trees run
+# as chains upstream), written as `--speculative-adaptive-config` and routed through SGLang's
+# own `AdaptiveSpeculativeParams` at every batch size up to 64. On the box the same replay
+# runs from `bench threshold --url` sweeps and request records (`lab fit-box`).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+steps = [st for (p, _), res in results.items() if p == best for st in res.steps]
+tiers, notes = compile_tiers(steps, LEVELS[-1])
+tier_file = Path(tempfile.mkdtemp()) / "tiers.json"
+routes = None
+print(f"winner: {best}")
+if any(st > 0 for _, cands in tiers.tiers for st in cands):
+    routes = check_tiers(tiers, tier_file, LEVELS[-1])
+    print(tiers.config_text(), end="")
+    print(f"--speculative-adaptive --speculative-adaptive-config {tier_file.name} "
+          f"--speculative-num-steps {initial_steps(tiers)} --speculative-eagle-topk 1")
+else:
+    print("it never speculated at any batch size here: launch the box without speculation")
+for n in notes:
+    print("note:", n)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("SGLang's router agrees at every batch size (or nothing to route):",
+      routes is None or len(routes) == LEVELS[-1])
+
+# %%
+engine.close()
