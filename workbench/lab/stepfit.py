@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -122,8 +122,14 @@ def cost_model_from_dict(d: dict[str, Any]) -> CostModel:
     base = CostModel.from_dict(d)
     if not d.get("anchors"):
         return base
-    return AnchoredCostModel(base.target, base.draft, base.plain_overhead, base.spec_overhead,
-                             base.ema, dict(base.scale), dict(d["anchors"]))
+    return anchored(base, dict(d["anchors"]))
+
+
+def anchored(base: CostModel, anchors: dict[str, Any]) -> AnchoredCostModel:
+    """``base`` (every field kept) with ``anchors``."""
+    kw = {f.name: getattr(base, f.name) for f in fields(CostModel)}
+    kw["scale"] = dict(base.scale)
+    return AnchoredCostModel(**kw, anchors=anchors)
 
 
 def fit_step_model(engine: Any, prompts: Sequence[str], shape: Shape,
@@ -161,5 +167,4 @@ def fit_step_model(engine: Any, prompts: Sequence[str], shape: Shape,
                **{key: [float(np.median(rows[b][key])) for b in done]
                   for key in ("plain", "spec", "tau", "context")},
                "samples": [len(rows[b]["spec"]) + len(rows[b]["plain"]) for b in done]}
-    return AnchoredCostModel(comp.target, comp.draft, comp.plain_overhead, comp.spec_overhead,
-                             comp.ema, dict(comp.scale), anchors)
+    return anchored(comp, anchors)
