@@ -78,6 +78,30 @@ def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
     assert line.startswith(f"tree: {tree['speedup']:.2f}x of a ceiling {tree['ceiling']:.2f}x")
 
 
+def test_forward_clock_times_each_steps_forwards(micro_target: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench as wb
+    from workbench.bench.step_cost import ForwardClock
+    from workbench.models.synthetic import write_random_head
+
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    head = write_random_head(micro_target, tmp_path / "head", draft_vocab=100)
+    spec = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
+    sp = wb.SamplingParams(max_new_tokens=6)
+    with wb.Engine(micro_target, draft=head) as e:
+        ref = e.generate([[5, 6, 7, 8]], sp, spec=spec)[0].token_ids
+        with ForwardClock(e) as clock:
+            got = e.generate([[5, 6, 7, 8]], sp, spec=spec)[0].token_ids
+        assert got == ref  # timing changes nothing
+        assert not {"step"} & set(vars(e)) and "forward" not in vars(e.runner.target)
+        assert "forward" not in vars(e.runner.draft)  # every wrapper removed
+    assert len(clock.rows) >= 2 and [r["step"] for r in clock.rows] == sorted(
+        r["step"] for r in clock.rows)
+    for r in clock.rows:
+        assert 0.0 < r["target_ms"] + r["draft_ms"] <= r["total_ms"]
+    assert any(r["draft_ms"] > 0 for r in clock.rows)  # speculative steps ran the draft
+
+
 def test_strict_refuses_a_run_on_provisional_choices(
         micro_target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         machine_conditions: dict[str, float], capsys: pytest.CaptureFixture[str]) -> None:

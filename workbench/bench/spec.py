@@ -69,12 +69,13 @@ def run_spec_bench(engine: Any, prompts: list[str],
     with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
     over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
     and after is in ``machine["load"]``. With ``bound``, a traced pass over two prompts (the
-    same run, after the timed one) adds, per speculative arm, in plain-step units (median
-    phase ms / median plain step ms): ``verify_ratio`` and ``draft_ratio``; ``bound`` =
+    same run, after the timed one; ``workbench.bench.step_cost``) adds, per speculative arm, in
+    plain-step units: ``verify_ratio`` (the target's forward + logits of a speculative step)
+    and ``draft_ratio`` (its draft forwards: the tree's steps and the extend); ``bound`` =
     τ / verify_ratio (the speedup if drafting were free too); ``ceiling`` = τ / (verify_ratio +
-    draft_ratio), the speedup if everything else a step does — schedule, accept, commit,
-    extend, Python — were free; ``of_ceiling`` = speedup / ceiling; and ``overhead`` = (step −
-    verify − draft) / (verify + draft), the per-step overhead (median spec step)."""
+    draft_ratio), the speedup if everything but the forwards — schedule, tree building,
+    accept, commit, extend bookkeeping, Python — were free; ``of_ceiling`` = speedup /
+    ceiling; and ``overhead``, the per-step overhead over the step's forwards."""
     from workbench.bench.sanity import LoadSampler, mean_ci
 
     if repeats < 1:
@@ -118,6 +119,8 @@ def run_spec_bench(engine: Any, prompts: list[str],
                 _, lo, hi = mean_ci(ratio)
                 g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
     if bound:
+        from workbench.bench.step_cost import step_costs
+
         for name, cost in step_costs(engine, prompts[:2], arms, sp).items():
             g.loc[name, "verify_ratio"] = cost["verify_ratio"]
             g.loc[name, "bound"] = g.loc[name, "tau"] / cost["verify_ratio"]
@@ -131,34 +134,6 @@ def run_spec_bench(engine: Any, prompts: list[str],
     return SpecBenchResult(df, g.reset_index(), machine)
 
 
-def step_costs(engine: Any, prompts: list[Any], arms: dict[str, SpecConfig | None],
-               sp: SamplingParams) -> dict[str, dict[str, float]]:
-    """Per speculative arm, from a separate traced pass (tracing costs time of its own, so it
-    is not the timed one): ``verify_ratio`` and ``draft_ratio`` (median verify / draft phase
-    ms over the median plain step ms) and ``overhead`` ((median spec step − verify − draft) /
-    (verify + draft))."""
-    import workbench as wb
-
-    out: dict[str, dict[str, float]] = {}
-    with wb.trace(engine, events=["StepTiming"]) as tr:
-        for p in prompts:
-            engine.generate([p], sp)
-    timing = tr.frame("timing")
-    plain = timing[timing["mode"] == "plain"]["total_ms"].median()
-    for name, spec in arms.items():
-        if spec is None:
-            continue
-        with wb.trace(engine, events=["StepTiming"]) as tr:
-            for p in prompts:
-                engine.generate([p], sp, spec=spec)
-        t = tr.frame("timing")
-        steps = t[t["mode"] == "spec"]
-        verify, draft = steps["verify_ms"].median(), steps["draft_ms"].median()
-        out[name] = {"verify_ratio": float(verify / plain), "draft_ratio": float(draft / plain),
-                     "overhead": float(steps["total_ms"].median() / (verify + draft) - 1.0)}
-    return out
-
-
 def ceiling_lines(summary: pd.DataFrame) -> list[str]:
     """One line per arm with a ceiling: the speedup beside the ceiling measured in the run."""
     lines = []
@@ -168,6 +143,6 @@ def ceiling_lines(summary: pd.DataFrame) -> list[str]:
         lines.append(
             f"{r['arm']}: {r['speedup']:.2f}x of a ceiling {r['ceiling']:.2f}x "
             f"(τ {r['tau']:.2f} / (verify {r['verify_ratio']:.2f} + drafts "
-            f"{r['draft_ratio']:.2f} plain steps)) = {r['of_ceiling']:.2f} of it; per-step "
-            f"overhead {100 * r['overhead']:.0f} % of verify + drafts")
+            f"{r['draft_ratio']:.2f} plain steps, forwards alone)) = {r['of_ceiling']:.2f} of "
+            f"it; per-step overhead {100 * r['overhead']:.0f} % of its forwards")
     return lines
