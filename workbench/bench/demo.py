@@ -17,9 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run(ns: argparse.Namespace) -> int:
     import workbench as wb
+    from workbench.bench.cli_output import announce_conditions
     from workbench.bench.spec import run_spec_bench
     from workbench.bench.workloads import load_prompts
+    from workbench.engine.autotune import provisional_names
 
+    conditions = announce_conditions()  # the first line: is this machine busy?
     target, draft = Path(ns.model), Path(ns.draft)
     if not (target / "config.json").is_file():
         raise SystemExit(f"demo: no shipped target at {target} (train one with "
@@ -38,6 +41,13 @@ def run(ns: argparse.Namespace) -> int:
         arms = {"baseline": None}
     res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=ns.max_new_tokens)
     print(res.summary.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    busy = provisional_names(engine.choices)
+    if conditions.get("contended") or busy:
+        print("\nnote: measured on a busy machine (other processes shared the CPU"
+              + (f"; provisional choices: {', '.join(busy)}" if busy else "") + "): these "
+              "figures are provisional and may understate the speedup; rerun on a quiet "
+              "machine (`python -m workbench bench load` measures speed beside a competing "
+              "process, docs/PERFORMANCE.md)")
     path = res.save(ROOT / "data" / "results", "demo")
     print(f"\nresults: {path}")
     engine.close()
