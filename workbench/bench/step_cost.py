@@ -2,8 +2,9 @@
 
 :class:`ForwardClock` times, per engine step, the model forwards themselves — the target's
 forward and logits (a verify, a plain decode or a prefill) and every draft forward (the tree's
-steps and the draft extend) — by wrapping those methods on the engine's own model instances
-for the duration of a ``with`` block (restored afterwards; outputs untouched). Each step's row:
+steps and the draft extend, with its feature GEMM) — by wrapping those methods on the engine's
+own model instances for the duration of a ``with`` block (restored afterwards; outputs
+untouched). Each step's row:
 ``step`` (the engine's step id), ``total_ms`` (the whole ``Engine.step``), ``target_ms``,
 ``draft_ms``. :func:`step_costs` joins them with the trace's step modes:
 
@@ -52,8 +53,9 @@ class ForwardClock:
         runner = self.engine.runner
         self._wrap(runner.target, "forward", "target_ms")
         self._wrap(runner.target, "logits", "target_ms")
-        if runner.draft is not None:
+        if runner.draft is not None:  # its forward and its feature GEMM (fc over the taps)
             self._wrap(runner.draft, "forward", "draft_ms")
+            self._wrap(runner.draft, "features", "draft_ms")
         step = self.engine.step
 
         def timed_step() -> Any:
