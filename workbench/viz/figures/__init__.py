@@ -34,6 +34,9 @@ function                      input
 ``resolved_crossovers``       …only where the intervals resolve it: (c_above, c_below) or None
 ``speedup_vs_batch``          per (arm, concurrency) speedup with ``_lo``/``_hi`` intervals
 ``latency_cdf``               latency samples (ms): empirical CDF per arm, p50/p99
+**moe**                       MoE targets
+``expert_coverage``           ``frame("expert_coverage")``: distinct experts vs tokens, uniform
+``cost_ratio``                verify/decode cost ratio vs batch per target (+ the model's)
 **text**                      generated text
 ``colored_text``              token ids + ``RequestOutput.from_draft``: text coloured by source
 ``colored_html``              the same as an HTML ``<pre>``
@@ -67,6 +70,7 @@ from workbench.viz.figures.concurrency import (
     resolved_crossovers,
     speedup_vs_batch,
 )
+from workbench.viz.figures.moe import cost_ratio, expert_coverage
 from workbench.viz.figures.speedup import shape_speedups, speedup_bars, speedup_heatmap
 from workbench.viz.figures.style import (
     ACCEPTED,
@@ -116,7 +120,8 @@ __all__ = [
     "HEIGHT", "LABELS", "MIN_P99_SAMPLES", "NEUTRAL", "PHASE_COLORS", "PLAIN", "REJECTED", "ROOT",
     "SHORT", "SLOWER", "SPEC", "TARGET", "WIDTH", "interval_color", "log_ticks",
     "percentile_text", "resolved_crossovers", "tick_log_axis",
-    "accept_rate_by_position", "acceptance_by_depth", "acceptance_vs_confidence",
+    "accept_rate_by_position", "acceptance_by_depth", "acceptance_vs_confidence", "cost_ratio",
+    "expert_coverage",
     "accepted_path", "alpha_by_position", "arm_style", "colored_html", "colored_text",
     "concurrency_curves", "crossovers", "draft_tree", "init_stages", "label", "latency_cdf",
     "phase_breakdown", "phase_timeline", "pick_tree", "policy_timeline", "shape_speedups",

@@ -1,0 +1,166 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · MoE speculation: why does a verify cost more on a MoE target, and where does it stop paying?
+#
+# **You will learn** how many experts a forward touches (the coverage curve, measured beside
+# uniform routing), what a verify of N draft tokens costs in decode steps on a dense and on a
+# MoE target measured side by side, how well the cost model's bytes term predicts it, where
+# speculation stops paying for each, and what the same arithmetic says for the seeds' box
+# (Kimi-K2.5 INT4 on 8 GPUs).
+#
+# **The mechanism.** A decode step of B requests routes B tokens; a verify of N draft tokens for
+# the same B requests routes B·N. On a dense target both read every weight once, so the verify
+# costs little more while the step is memory-bound. On a MoE target each token reads only its
+# k experts: the verify touches far more distinct experts, and reads far more weight bytes.
+
+# %% tags=["parameters"]
+import os
+
+FAST = os.environ.get("WORKBENCH_FAST") == "1"
+SHAPE = (3, 1, 4)  # a chain: S=3 draft steps, N=4 tokens verified (the seeds ran chains)
+BATCHES = (1, 4, 16)  # where measured and predicted cost ratios are compared
+CONTEXT = 64
+REPEATS = 2 if FAST else 4
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import pandas as pd
+from IPython.display import display
+
+import workbench as wb
+from workbench.engine.calibrate import calibrate, measure_tau, time_forward
+from workbench.machine import loadavg
+from workbench.policy.moe_cost import KIMI_K25_INT4, fit_gamma, what_if
+from workbench.train.demo_models import demo_models
+from workbench.train.demo_moe import demo_moe
+from workbench.viz import figures as F
+from workbench.viz import prose as P
+
+dense_pair, moe_pair = demo_models(fast=FAST), demo_moe(fast=FAST)
+cfg = wb.EngineConfig(kv_budget_tokens=8192, max_batch_size=max(BATCHES))
+engines = {"dense": wb.Engine.from_pretrained(dense_pair.target, draft=dense_pair.draft,
+                                              config=cfg),
+           "MoE": wb.Engine.from_pretrained(moe_pair.target, draft=moe_pair.draft, config=cfg)}
+prompts = [engines["dense"].tokenize(p) for p in dense_pair.prompts][:4]
+print(dense_pair.describe())
+print(moe_pair.describe())
+load_before = loadavg()
+
+# %% [markdown]
+# ## 1. Expert coverage
+# Every target forward of a MoE engine emits an `ExpertRouting` event while tracing: per MoE
+# layer, the tokens routed to each expert. The `expert_coverage` frame counts the distinct
+# experts per (forward, layer); the dashed line is what uniform routing would touch,
+# E·(1 − (1 − k/E)^T), and γ scales T to fit the measured points.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+moe = engines["MoE"]
+spec = wb.SpecConfig(num_steps=SHAPE[0], topk=SHAPE[1], num_draft_tokens=SHAPE[2])
+with wb.trace(moe) as tr:
+    for b in BATCHES:
+        moe.generate([prompts[i % len(prompts)] for i in range(b)],
+                     wb.SamplingParams(max_new_tokens=6, ignore_eos=True))
+        moe.generate([prompts[i % len(prompts)] for i in range(b)],
+                     wb.SamplingParams(max_new_tokens=6, ignore_eos=True), spec=spec)
+cov = tr.frame("expert_coverage")
+steps = cov[cov["kind"].isin(["decode", "verify"])]
+gamma = fit_gamma(steps["tokens"], steps["distinct"], int(cov["num_experts"].iloc[0]),
+                  int(cov["top_k"].iloc[0]))
+F.expert_coverage(cov, gamma=gamma)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+by_kind = steps.groupby("kind").agg(tokens=("tokens", "mean"), distinct=("distinct", "mean"),
+                                    uniform=("expected_uniform", "mean"), n=("distinct", "size"))
+display(by_kind.round(2))
+P.say(f"Decode forwards touched {by_kind.loc['decode', 'distinct']:.1f} experts per layer on "
+      f"average ({by_kind.loc['decode', 'tokens']:.1f} tokens), verify forwards "
+      f"{by_kind.loc['verify', 'distinct']:.1f} ({by_kind.loc['verify', 'tokens']:.1f} tokens); "
+      f"the fitted γ = {gamma:.2f} (1 = uniform routing).")
+
+# %% [markdown]
+# ## 2. What a verify costs in decode steps, dense vs MoE, measured side by side
+# For each target: the forward (+ LM head) over B·N new tokens divided by the forward over B
+# tokens, at B = 1, 4, 16, each the least of a few runs; beside it the cost model `calibrate`
+# fitted on this machine (for the MoE target with the bytes term: touched-expert bytes from the
+# coverage curve), predicting the same ratio.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+n = SHAPE[2]
+models, rows = {}, []
+for name, e in engines.items():
+    models[name] = cm = calibrate(e, batch_sizes=(1, 2, 4, 8, 16), repeats=REPEATS,
+                                  context=CONTEXT, shape=SHAPE, steps=not FAST)
+    for b in BATCHES:
+        dec = time_forward(e.runner, b, 1, CONTEXT, REPEATS, False)
+        ver = time_forward(e.runner, b, n, CONTEXT, REPEATS, False)
+        pred = cm.target_ms(b * n, CONTEXT) / cm.target_ms(b, CONTEXT)
+        rows.append({"target": name, "batch": b, "decode_ms": dec, "verify_ms": ver,
+                     "ratio": ver / dec, "predicted": pred})
+ratios = pd.DataFrame(rows)
+ratios["error"] = ratios["predicted"] / ratios["ratio"] - 1
+ratios["within 15 %"] = ratios["error"].abs() <= 0.15
+load_after = loadavg()
+display(ratios.round(3))
+print(f"machine load (1-min) {load_before[0] if load_before else float('nan'):.1f} before, "
+      f"{load_after[0] if load_after else float('nan'):.1f} after, on {os.cpu_count()} cores: "
+      "timings under this load are provisional")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+F.cost_ratio(ratios)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+r1 = ratios[ratios["batch"] == BATCHES[0]].set_index("target")["ratio"]
+ok = int(ratios["within 15 %"].sum())
+P.say(f"At B = {BATCHES[0]} a verify of {n} tokens cost {r1['dense']:.2f} decode forwards on "
+      f"the dense target and {r1['MoE']:.2f} on the MoE target; the cost model predicted "
+      f"{ok} of {len(ratios)} measured ratios within ±15 %.")
+
+# %% [markdown]
+# ## 3. Where speculation stops paying
+# τ is measured on these prompts with each target's own head; `crossover` is the smallest
+# decode batch where plain decoding is predicted at least as fast as speculating.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+cross = {}
+for name, e in engines.items():
+    acc = measure_tau(e, prompts, SHAPE, max_new_tokens=16, batch=4)
+    cross[name] = models[name].crossover(SHAPE, acc.tau, context=CONTEXT, max_batch=64)
+    display(P.say(f"{name}: τ = {acc.tau:.2f} (n = {acc.samples}); {cross[name].reason()}."))
+
+# %% [markdown]
+# ## 4. The seeds' box, what-if
+# Kimi-K2.5 with INT4 experts (61 layers, 60 of them MoE, 384 experts, top-8, one shared
+# expert) over 8 GPUs of 8 TB/s each, memory-bound: bytes / bandwidth. It leaves out the
+# all-reduce between the 8 ranks (the seeds' box paid it over PCIe), attention and KV reads,
+# and expert imbalance (docs/MOE.md) — each of which makes a verify costlier still.
+
+# %%
+box = what_if(KIMI_K25_INT4, [1, 2, 4, 8, 16, 32, 64, 128], num_draft_tokens=n,
+              hbm_gbps=8000, tp=8)
+F.cost_ratio(box.assign(target=KIMI_K25_INT4.name))
+
+# %%
+peak = box.loc[box["ratio"].idxmax()]
+P.say(f"On that box a {n}-token verify is predicted to cost {box['ratio'].iloc[0]:.2f} decode "
+      f"steps at B = 1 ({box['decode_experts'].iloc[0]:.0f} → "
+      f"{box['verify_experts'].iloc[0]:.0f} experts per layer), most at B = "
+      f"{int(peak['batch'])} ({peak['ratio']:.2f}: {peak['decode_experts']:.0f} → "
+      f"{peak['verify_experts']:.0f} experts), and {box['ratio'].iloc[-1]:.2f} at B = "
+      f"{int(box['batch'].iloc[-1])}, where both forwards already touch most experts.")
+
+# %%
+for e in engines.values():
+    e.close()
