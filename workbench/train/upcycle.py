@@ -64,6 +64,8 @@ def corpus_tokens(folder: Path, seq_len: int, corpus: str = "") -> tuple[np.ndar
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     split = split_corpus(corpus or None)
     eos = tok.token_to_id(EOS)
+    if eos is None:
+        raise ConfigError(f"{folder}/tokenizer.json: no {EOS!r} token")
     train, held = encode_all(tok, split.read("train"), eos), encode_all(tok, split.read("heldout"),
                                                                          eos)
     if len(held) < seq_len + 2:
@@ -80,7 +82,8 @@ def mixtral_config(src: dict[str, Any], cfg: UpcycleConfig) -> Any:
         num_attention_heads=src["num_attention_heads"],
         num_key_value_heads=src["num_key_value_heads"], head_dim=src["head_dim"],
         num_local_experts=cfg.experts, num_experts_per_tok=cfg.top_k,
-        rms_norm_eps=src["rms_norm_eps"], rope_theta=src["rope_theta"],
+        rms_norm_eps=src["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": src["rope_theta"]},
         max_position_embeddings=src["max_position_embeddings"],
         tie_word_embeddings=src["tie_word_embeddings"], bos_token_id=src["bos_token_id"],
         eos_token_id=src["eos_token_id"], sliding_window=None, router_aux_loss_coef=cfg.balance)
