@@ -116,7 +116,7 @@ F.acceptance_vs_confidence(tree)
 # NBVAL_IGNORE_OUTPUT
 import torch
 
-t2d = engine.draft.t2d.cpu()
+t2d = engine.runner.draft.t2d.cpu()
 bonus = torch.tensor(verify.bonus_token.tolist())
 outside = (~t2d[bonus]).float().mean().item()
 print(f"draft vocabulary: {int(t2d.sum())} of {t2d.numel()} target tokens")

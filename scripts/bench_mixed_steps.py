@@ -47,7 +47,7 @@ def corpus(e: wb.Engine) -> list[int]:
 def forward(args: argparse.Namespace) -> None:
     e = wb.Engine.from_pretrained(TARGET, draft=DRAFT, config=wb.EngineConfig(
         kv_budget_tokens=32768, gemm=args.gemm))
-    print("gemm", e.target.gemm, "threads", torch.get_num_threads())
+    print("gemm", e.runner.target.gemm, "threads", torch.get_num_threads())
     rng = random.Random(0)
     toks, run = corpus(e), e.runner
     reqs = []
@@ -58,9 +58,9 @@ def forward(args: argparse.Namespace) -> None:
         reqs.append(e.requests[rid])
     while any(r.in_prefill for r in reqs):
         e.step()
-    assert e.pool is not None
+    assert e.runner.pool is not None
     for r in reqs:
-        e.pool.reserve(r.blocks, r.kv_len + 40)
+        e.runner.pool.reserve(r.blocks, r.kv_len + 40)
     dev = run.device
 
     def trees(rs: list[Any], n: int) -> ForwardBatch:
@@ -111,7 +111,7 @@ def forward(args: argparse.Namespace) -> None:
 def steps(args: argparse.Namespace) -> None:
     e = wb.Engine.from_pretrained(TARGET, draft=DRAFT,
                                   config=wb.EngineConfig(kv_budget_tokens=32768))
-    print("gemm", e.target.gemm, "spec", args.spec, flush=True)
+    print("gemm", e.runner.target.gemm, "spec", args.spec, flush=True)
     spec, toks = SPECS[args.spec], corpus(e)
 
     def workload(seed: int) -> list[tuple[list[int], int]]:

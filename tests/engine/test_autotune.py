@@ -35,7 +35,7 @@ def test_measured_then_cached(cache: Path, micro_target: Path) -> None:
         assert gemm["source"] == "measured" and gemm["choice"] in ("dense", "onednn")
         assert set(gemm["timings_ms"]) == {"dense", "onednn"}
         assert set(gemm["timings_ms"]["dense"]) == set(autotune.SHAPES)
-        assert e.target.gemm == gemm["choice"]
+        assert e.runner.target.gemm == gemm["choice"]
         stage = _stage(rec, "autotune")
         assert stage.status == "ok" and f"gemm={gemm['choice']} (measured" in stage.detail
         assert e.choices["attention"]["choice"] == "torch"
@@ -58,7 +58,7 @@ def test_measured_then_cached(cache: Path, micro_target: Path) -> None:
 def test_forced_choice_is_not_measured(cache: Path, micro_target: Path, gemm: str) -> None:
     with wb.Engine(micro_target, config=wb.EngineConfig(gemm=gemm)) as e:
         assert e.choices["gemm"] == {**e.choices["gemm"], "choice": gemm, "source": "forced"}
-        assert e.target.gemm == gemm
+        assert e.runner.target.gemm == gemm
     assert not cache.exists()  # nothing measured, nothing cached
 
 
@@ -67,7 +67,7 @@ def test_cache_key_follows_the_model(cache: Path, micro_target: Path, tmp_path: 
         key = autotune.cache_key(e)
         other = json.loads(key)
         assert other["cpu"] and other["torch"] == torch.__version__
-        assert other["target"] == autotune.model_fingerprint(micro_target, e.target)
+        assert other["target"] == autotune.model_fingerprint(micro_target, e.runner.target)
 
 
 def test_corrupt_cache_is_ignored_and_rewritten(cache: Path, micro_target: Path) -> None:
@@ -121,7 +121,7 @@ def test_a_busy_machine_makes_a_provisional_choice_never_cached(
         assert gemm["source"] == "measured" and gemm["provisional"] is True
         assert gemm["conditions"]["others"] == 1.2 and gemm["conditions"]["contended"]
         assert gemm["conditions"]["cpu"] and gemm["conditions"]["time"]
-        assert e.target.gemm == gemm["choice"]  # used for this run
+        assert e.runner.target.gemm == gemm["choice"]  # used for this run
         assert autotune.provisional_names(e.choices) == ["gemm"]
         assert "PROVISIONAL" in autotune.conditions_line(e.choices)
     assert not autotune.read_cache(cache)  # nothing final was measured: nothing cached

@@ -11,6 +11,7 @@ import pytest
 
 import workbench as wb
 from workbench.engine import autotune, compiled
+from workbench.engine.runner import ModelRunner
 from workbench.models.synthetic import TargetShape, write_random_head, write_random_target
 from workbench.trace.tracer import RecordingTracer
 
@@ -48,13 +49,13 @@ def test_compiled_decode_is_lossless(cache: Path, pair: tuple[Path, Path]) -> No
     with wb.Engine(target, draft=head, config=cfg, tracer=rec) as e:
         choice = e.choices["compile"]
         assert choice["choice"] == "on" and choice["source"] == "forced", choice
-        assert isinstance(e.graphs, compiled.CompiledSteps)
+        assert isinstance(e.runner.graphs, compiled.CompiledSteps)
         plain = _outputs(e, None)
-        assert e.graphs.calls > 0  # the bs=1 decode steps ran through the compiled graph
+        assert e.runner.graphs.calls > 0  # the bs=1 decode steps ran through the compiled graph
         assert _outputs(e, SPEC) == plain  # speculative == plain on the compiled path
-        calls = e.graphs.calls
+        calls = e.runner.graphs.calls
         assert _outputs(e, wb.SpecConfig(num_steps=3, topk=1)) == plain
-        assert e.graphs.calls > calls
+        assert e.runner.graphs.calls > calls
         (stage,) = [s for s in rec.of("InitStage") if s.stage == "compile"]
         assert stage.status == "ok" and stage.detail.startswith("compile=on (forced")
     assert plain == reference  # same tokens as the eager engine on this model
@@ -65,10 +66,10 @@ def test_compiled_decode_is_lossless(cache: Path, pair: tuple[Path, Path]) -> No
     assert set(entry["compile"]["timings_ms"]) == {"eager", "compiled"}
 
 
-def _eager_fn(engine: wb.Engine, key: int) -> object:
+def _eager_fn(runner: ModelRunner, key: int) -> object:
     """Stands in for the compiled function in tests of the stage's logic (no compile)."""
     def fn(tokens: object, positions: object) -> object:
-        return engine.target(tokens, positions, engine.attn, engine.aux_layers)
+        return runner.target(tokens, positions, runner.attn, runner.aux_layers)
 
     return fn
 
@@ -79,7 +80,7 @@ def test_auto_follows_the_cached_verdict(cache: Path, pair: tuple[Path, Path],
     monkeypatch.setattr(compiled, "make_fn", _eager_fn)
     with wb.Engine(target) as e:  # no verdict yet: auto does not compile at init
         assert e.choices["compile"]["choice"] == "off"
-        assert e.choices["compile"]["source"] == "auto" and e.graphs is None
+        assert e.choices["compile"]["source"] == "auto" and e.runner.graphs is None
         key = autotune.cache_key(e)
     for verdict in ("off", "on"):
         autotune.write_cache(cache, key, {"compile": autotune.Choice(
@@ -90,10 +91,10 @@ def test_auto_follows_the_cached_verdict(cache: Path, pair: tuple[Path, Path],
         with wb.Engine(target) as e:
             c = e.choices["compile"]
             if verdict == "off":
-                assert (c["choice"], c["source"], e.graphs) == ("off", "cached", None)
+                assert (c["choice"], c["source"], e.runner.graphs) == ("off", "cached", None)
             else:
                 assert (c["choice"], c["source"]) == ("on", "measured")
-                assert isinstance(e.graphs, compiled.CompiledSteps)
+                assert isinstance(e.runner.graphs, compiled.CompiledSteps)
 
 
 def test_overrun_or_failure_falls_back_to_eager(cache: Path, pair: tuple[Path, Path],
@@ -104,7 +105,7 @@ def test_overrun_or_failure_falls_back_to_eager(cache: Path, pair: tuple[Path, P
     with wb.Engine(target, draft=head, config=wb.EngineConfig(compile="on")) as e:
         c = e.choices["compile"]
         assert c["choice"] == "off" and "fallback to eager" in c["note"]
-        assert "> budget 0 s" in c["note"] and e.graphs is None
+        assert "> budget 0 s" in c["note"] and e.runner.graphs is None
         assert _outputs(e, SPEC) == _outputs(e, None)
 
     def boom(*a: object, **k: object) -> None:
@@ -116,7 +117,7 @@ def test_overrun_or_failure_falls_back_to_eager(cache: Path, pair: tuple[Path, P
         c = e.choices["compile"]
         assert c["choice"] == "off" and "compile failed: RuntimeError: inductor exploded" in \
             c["note"]
-        assert e.graphs is None and not compiled._BACKENDS.get(-1)
+        assert e.runner.graphs is None and not compiled._BACKENDS.get(-1)
 
 
 def test_compile_field_is_validated() -> None:

@@ -154,11 +154,11 @@ def test_thread_changes_do_not_change_outputs(threads: None, micro_target: Path)
             torch.set_num_threads(n)
             got[n] = [o.token_ids for o in e.generate(prompts, sp)]
         assert got[1] == got[2]
-        x = torch.randn(16, e.target.config.hidden_size)
+        x = torch.randn(16, e.runner.target.config.hidden_size)
         outs = []
         for n in (1, 2):
             torch.set_num_threads(n)
-            outs.append(torch.nn.functional.linear(x, e.target.lm_head.weight))
+            outs.append(torch.nn.functional.linear(x, e.runner.target.lm_head.weight))
         assert torch.equal(outs[0], outs[1])
 
 

@@ -49,7 +49,7 @@ def greedy(n: int) -> wb.SamplingParams:
 def test_cpu_engine_skips_the_stage(micro_target: Path) -> None:
     rec = RecordingTracer()
     with wb.Engine(micro_target, config=CONFIG, tracer=rec) as e:
-        assert e.graphs is None
+        assert e.runner.graphs is None
         assert ("cuda_graphs", "ok") in [(s, st) for s, st, _ in e.init_log]
         stages: list[Any] = rec.of("InitStage")
         (ev,) = [x for x in stages if x.stage == "cuda_graphs"]
@@ -78,7 +78,7 @@ def test_capture_failure_with_fallback_starts_eager(micro_target: Path, head: Pa
         (fb,) = [x for x in events if x.status == "fallback"]
         assert fb.stage == "cuda_graphs"
         assert "InjectedFault: injected fault at init:cuda_graphs" in fb.detail
-        assert e.graphs is None and e.draft is not None and not e.baseline_only
+        assert e.runner.graphs is None and e.runner.draft is not None and not e.baseline_only
         plain = e.generate(PROMPTS[:2], greedy(5))
         spec = e.generate(PROMPTS[:2], greedy(5), spec=SPEC)
         assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
@@ -96,7 +96,7 @@ def test_capture_refuses_while_requests_hold_kv(micro_target: Path) -> None:
         e.add_request([1, 2, 3], greedy(4))
         e.step()
         with pytest.raises(RuntimeError, match="would overwrite it"):
-            cuda_graphs.capture(e, mode="eager")
+            cuda_graphs.capture(e.runner, e.max_model_len, mode="eager")
 
 
 # -- GraphRunner on CPU (mode="eager"): buckets, padding, plan_static ------------------------------
@@ -105,10 +105,11 @@ def test_capture_refuses_while_requests_hold_kv(micro_target: Path) -> None:
 def runner_for(e: wb.Engine, verify_nodes: tuple[int, ...] = (), overlap: bool = False
                ) -> GraphRunner:
     """The engine's runner, built on CPU: eager replay, the kernels' torch specification."""
-    assert e.pool is not None and e.model_config is not None and e.target is not None
-    r = GraphRunner(e.target, e.pool.k, e.pool.v, num_heads=e.model_config.num_attention_heads,
-                    page_size=e.pool.page_size, max_kv=e.max_model_len + 8,
-                    aux_layers=e.aux_layers, buckets=(1, 2, 4), verify_nodes=verify_nodes,
+    pool, target = e.runner.pool, e.runner.target
+    assert pool is not None and e.model_config is not None and target is not None
+    r = GraphRunner(target, pool.k, pool.v, num_heads=e.model_config.num_attention_heads,
+                    page_size=pool.page_size, max_kv=e.max_model_len + 8,
+                    aux_layers=e.runner.aux_layers, buckets=(1, 2, 4), verify_nodes=verify_nodes,
                     mode="eager", kernel="reference", overlap=overlap)
     r.capture()
     return r
@@ -139,10 +140,10 @@ def test_engine_with_eager_graph_runner_equals_plain_engine(micro_target: Path, 
         want_plain = [o.token_ids for o in e.generate(PROMPTS, greedy(6))]
         want_spec = [o.token_ids for o in e.generate(PROMPTS, greedy(6), spec=SPEC)]
         assert want_spec == want_plain
-        e.graphs = runner_for(e, verify_nodes=(SPEC.num_draft_tokens or 0,), overlap=overlap)
+        e.runner.graphs = runner_for(e, verify_nodes=(SPEC.num_draft_tokens,), overlap=overlap)
         got_plain = [o.token_ids for o in e.generate(PROMPTS, greedy(6))]
         got_spec = [o.token_ids for o in e.generate(PROMPTS, greedy(6), spec=SPEC)]
-        replays = {k: g.replays for k, g in e.graphs.graphs.items()}
+        replays = {k: g.replays for k, g in e.runner.graphs.graphs.items()}
     assert got_plain == want_plain and got_spec == want_plain
     assert replays[(4, 1)] > 0 and replays[(4, 6)] > 0, replays  # padded buckets were used
 

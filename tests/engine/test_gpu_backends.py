@@ -316,8 +316,8 @@ def test_engine_on_flashinfer_stub_spec_equals_plain(micro_target: Path,
         want = [o.token_ids for o in e.generate(prompts, sp)]
     cfg = dataclasses.replace(base, attention_backend="flashinfer")
     with wb.Engine.from_pretrained(micro_target, draft=head, config=cfg) as e:
-        assert isinstance(e.attn, FlashInferAttention)
-        assert isinstance(e.draft_attn, FlashInferAttention)
+        assert isinstance(e.runner.attn, FlashInferAttention)
+        assert isinstance(e.runner.draft_attn, FlashInferAttention)
         assert [o.token_ids for o in e.generate(prompts, sp)] == want
         assert [o.token_ids for o in e.generate(prompts, sp, spec=spec)] == want
 
@@ -372,7 +372,7 @@ def test_engine_with_triton_backend_equals_torch(micro_target: Path) -> None:
     tri_cfg = wb.EngineConfig(kv_budget_tokens=1024, max_model_len=128, self_check=False,
                               attention_backend="triton")
     with wb.Engine.from_pretrained(micro_target, config=tri_cfg) as e:
-        assert isinstance(e.attn, TritonTreeAttention)
+        assert isinstance(e.runner.attn, TritonTreeAttention)
         assert [o.token_ids for o in e.generate(prompts, sp)] == want
 
 
@@ -453,10 +453,10 @@ def test_gpu_engine_flashinfer_greedy_spec_equals_plain(
     prompts = [[5, 17, 33, 2, 90, 41, 7], [250, 3, 11], list(range(40, 80))]
     sp = wb.SamplingParams(max_new_tokens=24, ignore_eos=True)
     with wb.Engine.from_pretrained(hd128_target, draft=head, config=cfg) as e:
-        assert backend_name(e.attn) == "flashinfer" and e.graphs is not None
+        assert backend_name(e.runner.attn) == "flashinfer" and e.runner.graphs is not None
         plain = [o.token_ids for o in e.generate(prompts, sp)]
         spec = [o.token_ids for o in e.generate(
             prompts, sp, spec=wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6))]
-        assert sum(g.replays for g in e.graphs.graphs.values()) > 0
+        assert sum(g.replays for g in e.runner.graphs.graphs.values()) > 0
     for p, a, b in zip(prompts, plain, spec, strict=True):
         first_divergence_is_a_near_tie(hd128_target, p, a, b)

@@ -83,7 +83,8 @@ def test_failed_engine_is_inert_even_if_a_traceback_keeps_it(stage: str, micro_t
     with wb.faults.inject(f"init:{stage}"), pytest.raises(wb.EngineInitError):
         Keep(micro_target, head, config())
     (e,) = kept
-    assert (e.pool, e.target, e.draft, e.attn, e.draft_attn, e.scheduler) == (None,) * 6
+    r = e.runner
+    assert (r.pool, r.target, r.draft, r.attn, r.draft_attn, e.scheduler) == (None,) * 6
     assert e.init_log[-1][:2] == (stage, "failed")
     assert [s for s, st, _ in e.init_log if st == "ok"] == list(STAGES[: STAGES.index(stage)])
     for call in (e.step, lambda: e.add_request([1, 2]), lambda: e.generate([[1, 2]]),
@@ -114,8 +115,8 @@ def test_story_with_fallback_starts_an_explicit_baseline(stage: str, micro_targe
     with wb.faults.inject(f"init:{stage}"):
         e = Engine(micro_target, head, config(allow_baseline_fallback=True), tracer=rec)
     try:
-        assert e.baseline_only and e.draft is None and e.draft_attn is None
-        assert e.aux_layers == () and e.pool is not None and e.pool.dk is None
+        assert e.baseline_only and e.runner.draft is None and e.runner.draft_attn is None
+        assert e.runner.aux_layers == () and e.runner.pool is not None and e.runner.pool.dk is None
         statuses = {s: st for s, st, _ in e.init_log}
         assert statuses == {s: ("fallback" if s == stage else "ok") for s in STAGES}
         assert all(isinstance(sec, float) and sec >= 0 for _, _, sec in e.init_log)

@@ -44,7 +44,7 @@ def chat_server(micro_target: Path, serve_head: Path,
 def _dense_logprobs(engine: wb.Engine, ids: list[int]) -> torch.Tensor:
     """Reference: log_softmax of one dense forward; row p scores the token at p + 1."""
     with torch.inference_mode():
-        logits, _ = engine.target.forward_dense(torch.tensor([ids]))
+        logits, _ = engine.runner.target.forward_dense(torch.tensor([ids]))
     return torch.log_softmax(logits[0].float(), -1)
 
 

@@ -126,7 +126,7 @@ def test_prefill_only_scores_the_prompt(http, server) -> None:
     assert [e[1] for e in got] == ids and got[0][0] is None
     assert got[1][2] == engine.tokenizer.decode([ids[1]])
     with torch.inference_mode():
-        logits, _ = engine.target.forward_dense(torch.tensor([ids]))
+        logits, _ = engine.runner.target.forward_dense(torch.tensor([ids]))
     lp = torch.log_softmax(logits[0].float(), -1)
     want = [lp[p, ids[p + 1]].item() for p in range(len(ids) - 1)]
     assert [e[0] for e in got[1:]] == pytest.approx(want, abs=1e-4)

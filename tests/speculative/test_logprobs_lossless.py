@@ -92,7 +92,7 @@ def test_logprobs_match_a_dense_forward(engine: wb.Engine) -> None:
         for p, o in zip(ps, outs, strict=True):
             seq = torch.tensor([p + o.token_ids])
             with torch.inference_mode():
-                logits, _ = engine.target.forward_dense(seq)
+                logits, _ = engine.runner.target.forward_dense(seq)
             ref = torch.log_softmax(logits[0].float(), -1)
             full = seq[0]
             want_out = ref[len(p) - 1 : -1].gather(1, full[len(p):, None])[:, 0].tolist()

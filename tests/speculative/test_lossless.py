@@ -94,7 +94,7 @@ def test_calibrated_ranking_stays_lossless(micro_target: Path, trained_head: Pat
     (head / "config.json").write_text(json.dumps(cfg))
     e = wb.Engine.from_pretrained(micro_target, draft=head,
                                   config=wb.EngineConfig(kv_budget_tokens=8192))
-    assert e.draft.config.greedy_score_temperature == temperature
+    assert e.runner.draft.config.greedy_score_temperature == temperature
     ps = prompts(13, seed=5)
     sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
     for name in ("S5 K4 N16", "S6 K8 N32"):

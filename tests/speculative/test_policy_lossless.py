@@ -252,7 +252,7 @@ def test_no_holes_for_page_table_backends(engine: wb.Engine,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A draft attention backend that needs whole positions (FlashInfer's page tables) gets no
     holes: the window is ignored and the cold catch-up covers everything missed."""
-    monkeypatch.setattr(engine.draft_attn, "arbitrary_slots", False)
+    monkeypatch.setattr(engine.runner.draft_attn, "arbitrary_slots", False)
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=1, policy=OffStretches())
     out, evs = extends(engine, prompts(13, 1), spec, 4)
     assert out == baseline(engine, 13, 1, 4)

@@ -32,9 +32,9 @@ def bench_spec(ns: argparse.Namespace) -> int:
     try:
         print_choices(engine)
         arms: dict[str, SpecConfig | None] | None = \
-            None if engine.draft is not None else {"baseline": None}
+            None if engine.runner.draft is not None else {"baseline": None}
         res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=args.max_new(ns),
-                             repeats=repeats, bound=engine.draft is not None)
+                             repeats=repeats, bound=engine.runner.draft is not None)
         choices = run_choices(engine)
     finally:
         engine.close()
@@ -74,7 +74,7 @@ def bench_peers(ns: argparse.Namespace) -> int:
     prompts = args.prompts(ns)
     engine = args.engine(ns, need_draft=False)
     try:
-        spec = shape if engine.draft is not None else None
+        spec = shape if engine.runner.draft is not None else None
         assistant = _assistant(ns, engine.model_path)
         print_choices(engine)
         with LoadSampler() as load:

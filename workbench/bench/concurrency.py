@@ -70,7 +70,7 @@ def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | s
     at ``max_new_tokens`` per request (``measure_tau``; τ grows with the length) unless given.
     The policy's ``basis`` says why. With ``prompts`` Goodput starts from the per-depth
     acceptance measured there (``accept_seed``), not from its prior guess."""
-    if engine.draft is None:
+    if engine.runner.draft is None:
         return {"baseline": None}
     from workbench.engine.calibrate import calibrate, measure_tau
     from workbench.policy.goodput import Goodput

@@ -75,7 +75,7 @@ def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
     arms["workbench"] = lambda p: engine.generate([p], sp)[0].token_ids
     if asst is not None:
         arms["hf assisted"] = lambda p: hf_run(p, assistant_model=asst)
-    if spec is not None and engine.draft is not None:
+    if spec is not None and engine.runner.draft is not None:
         arms["workbench eagle3"] = lambda p: engine.generate([p], sp, spec=spec)[0].token_ids
     startup: dict[str, float] = {}
     for name, fn in arms.items():  # warm-up; the first call of a compiled arm compiles

@@ -44,13 +44,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workbench.engine import contention
 from workbench.machine import cpu_flags, cpu_model
 from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+    from workbench.engine.runner import ModelRunner
 
 ENV_CACHE = "WORKBENCH_AUTOTUNE_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "workbench" / "autotune.json"
@@ -144,16 +148,16 @@ def model_fingerprint(folder: str | Path | None, model: torch.nn.Module | None) 
     return h.hexdigest()[:16]
 
 
-def cache_key(engine: Any) -> str:
+def cache_key(engine: Engine) -> str:
     """Everything a measured choice depends on: CPU model and flags, torch version, threads,
     device and dtype, and both models' fingerprints."""
     return json.dumps({
         "v": CACHE_VERSION, "cpu": cpu_model(), "flags": cpu_flags(), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "device": engine.config.device,
         "dtype": engine.config.dtype,
-        "target": model_fingerprint(engine.model_path, engine.target),
-        "draft": model_fingerprint(engine.draft_path, engine.draft)
-        if engine.draft is not None else None,
+        "target": model_fingerprint(engine.model_path, engine.runner.target),
+        "draft": model_fingerprint(engine.draft_path, engine.runner.draft)
+        if engine.runner.draft is not None else None,
     }, sort_keys=True)
 
 
@@ -313,17 +317,18 @@ def pick(timings: Mapping[str, Mapping[str, float]], default: str,
     return winner
 
 
-def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
+def decide_gemm(runner: ModelRunner, cached: Mapping[str, Any] | None,
                 budget_s: float = BUDGET_S) -> Choice:
     """The GEMM path: forced, only one candidate (not a float32 CPU model), cached, or
     measured (:func:`time_gemm_paths`, :func:`pick`; dense wins ties: no packed copy)."""
-    want = engine.config.gemm
+    want, target = runner.config.gemm, runner.target
+    assert target is not None  # the autotune stage runs after load_target
     if want != "auto":
         return Choice("gemm", want, "forced", (want,))
-    if "onednn" not in engine.target.gemm_paths:
+    if "onednn" not in target.gemm_paths:
         return Choice("gemm", "dense", "only", ("dense",),
-                      note=f"a {type(engine.target).__name__} runs dense GEMMs only")
-    w = engine.target.lm_head.weight
+                      note=f"a {type(target).__name__} runs dense GEMMs only")
+    w = target.lm_head.weight
     if not onednn_ok(w):
         return Choice("gemm", "dense", "only", ("dense",),
                       note=f"oneDNN packing needs float32 on CPU ({w.dtype} on {w.device})")
@@ -335,7 +340,7 @@ def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
     t0 = time.perf_counter()
     cands = ("dense", "onednn")
     a = contention.cpu_sample()
-    timings = time_gemm_paths(engine.target, cands, SHAPES, budget_s)
+    timings = time_gemm_paths(target, cands, SHAPES, budget_s)
     provisional, cond = measured_conditions(a, contention.cpu_sample())
     # the turns and least times make a busy machine's measurement usable for this run; the
     # conditions decide whether it may stand as the machine's verdict (cached) or not
@@ -343,18 +348,18 @@ def decide_gemm(engine: Any, cached: Mapping[str, Any] | None,
                   time.perf_counter() - t0, provisional=provisional, conditions=cond)
 
 
-def decide_threads(engine: Any) -> Choice:
+def decide_threads(runner: ModelRunner) -> Choice:
     """The thread count: forced (``EngineConfig.threads``), off the CPU or with
     ``contention='off'`` torch's default; on a quiet machine all cores (a short look at the
     machine); on a contended one measured (:func:`contention.time_threads` over decode and
     verify GEMM passes) and provisional — it answers the moment's load, so it is never cached,
     and the engine's contention monitor re-measures it as the load changes."""
     threads = torch.get_num_threads()
-    if engine.config.threads:
+    if runner.config.threads:
         return Choice("threads", str(threads), "forced", (str(threads),),
                       note="EngineConfig.threads")
-    if torch.device(engine.config.device).type != "cpu" or engine.config.contention == "off":
-        why = "contention='off'" if engine.config.contention == "off" else "not a CPU engine"
+    if torch.device(runner.config.device).type != "cpu" or runner.config.contention == "off":
+        why = "contention='off'" if runner.config.contention == "off" else "not a CPU engine"
         return Choice("threads", str(threads), "only", (str(threads),),
                       note=f"torch default ({why})")
     if threads == 1:
@@ -370,8 +375,9 @@ def decide_threads(engine: Any) -> Choice:
                       note=f"all cores: the machine is {cond.describe()}; re-measured when "
                            "the steps drift or it turns busy")
     cands = contention.thread_candidates(threads, cond)
-    passes = {"decode M=1": contention.gemm_pass(engine.target, 1),
-              "verify M=16": contention.gemm_pass(engine.target, 16)}
+    assert runner.target is not None  # the autotune stage runs after load_target
+    passes = {"decode M=1": contention.gemm_pass(runner.target, 1),
+              "verify M=16": contention.gemm_pass(runner.target, 16)}
     timings = contention.time_threads(passes, cands)
     best = contention.pick_threads(timings, threads)
     torch.set_num_threads(best)
@@ -380,23 +386,22 @@ def decide_threads(engine: Any) -> Choice:
                   note="median of turns", provisional=True, conditions=cond_d)
 
 
-def apply_gemm(engine: Any, choice: str) -> None:
+def apply_gemm(runner: ModelRunner, choice: str) -> None:
     """Re-prepare the target's (and draft's) inference weights for ``choice`` if needed."""
-    if engine.target.gemm != choice:
-        engine.target.fuse(choice)
-    if engine.draft is not None and engine.draft.gemm != choice:
-        engine.draft.fuse(choice)
+    for model in (runner.target, runner.draft):
+        if model is not None and model.gemm != choice:
+            model.fuse(choice)
 
 
-def autotune(engine: Any) -> dict[str, Choice]:
+def autotune(engine: Engine) -> dict[str, Choice]:
     """The engine's ``autotune`` init stage: decide every "auto" (see the module docstring),
     apply it, cache what was measured. Returns name → :class:`Choice`."""
     path = cache_path()
-    choices: dict[str, Choice] = {"threads": decide_threads(engine)}
+    choices: dict[str, Choice] = {"threads": decide_threads(engine.runner)}
     key = cache_key(engine)  # after the thread count: the cache is keyed by it
     cached = read_cache(path).get(key)
-    gemm = decide_gemm(engine, cached)
-    apply_gemm(engine, gemm.choice)
+    gemm = decide_gemm(engine.runner, cached)
+    apply_gemm(engine.runner, gemm.choice)
     choices["gemm"] = gemm
     attn = engine.config.attention_backend
     dev = torch.device(engine.config.device).type

@@ -9,7 +9,7 @@ attention as an opaque custom op (``workbench::paged_attention``) that calls bac
 engine's planned backend — so the KV pool, the plan and the ragged paths stay exactly the eager
 ones, and only the norms, RoPE, SiLU·up and GEMM calls around them are traced and fused.
 
-:class:`CompiledSteps` plugs into the engine where CUDA graphs do (``Engine.graphs``): its
+:class:`CompiledSteps` plugs into the runner where CUDA graphs do (``ModelRunner.graphs``): its
 :meth:`~CompiledSteps.run` serves a single request's one-token forward and returns None for
 anything else (prefill chunks, verifies, batches; the caller runs those eagerly).
 
@@ -36,11 +36,16 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from workbench.models.gemm import onednn_linear, onednn_linear_add
+
+if TYPE_CHECKING:
+    from workbench.attention import AttentionBackend
+    from workbench.engine.autotune import Choice
+    from workbench.engine.runner import ModelRunner
 
 BUDGET_S = float(os.environ.get("WORKBENCH_COMPILE_BUDGET_S", "300"))
 MARGIN = 0.03  # compiled must beat eager by this much to be kept under "auto"
@@ -103,9 +108,8 @@ class CompileReport:
 class CompiledSteps:
     """Compiled one-row target forward; :meth:`run` matches ``GraphRunner.run``."""
 
-    def __init__(self, engine: Any, fn: Callable[..., Any], key: int) -> None:
-        self.engine, self.fn, self.key = engine, fn, key
-        self.aux = tuple(engine.aux_layers)
+    def __init__(self, attn: AttentionBackend, fn: Callable[..., Any], key: int) -> None:
+        self.attn, self.fn, self.key = attn, fn, key
         self.calls = 0
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
@@ -115,8 +119,7 @@ class CompiledSteps:
         """The forward for one request and one new token; None (→ eager) otherwise."""
         if q_lens != [1] or (tree_masks is not None and any(m is not None for m in tree_masks)):
             return None
-        e = self.engine
-        e.attn.plan(write_slots, q_lens, kv_slots, tree_masks)
+        self.attn.plan(write_slots, q_lens, kv_slots, tree_masks)
         self.calls += 1
         hidden, aux = self.fn(tokens, positions)
         return hidden, aux if want_aux else None
@@ -184,13 +187,14 @@ def _packed_layers(target: Any, key: int) -> tuple[list[Any], tuple[Any, Any]]:
     return layers, (lin, lin_add)
 
 
-def make_fn(engine: Any, key: int) -> Callable[..., Any]:
+def make_fn(runner: ModelRunner, key: int) -> Callable[..., Any]:
     """The compiled one-row forward (what :func:`build` compiles; a test stands in an eager
     function here to check the stage's logic without compiling): on oneDNN-packed weights the
     GEMMs are opaque custom ops (oneDNN's kernels, as eager) and Inductor fuses the norms, RoPE
     and SiLU·up around them; on dense weights Inductor traces everything (and picks its own
     GEMM kernels)."""
-    target, aux = engine.target, tuple(engine.aux_layers)
+    target, aux = runner.target, tuple(runner.aux_layers)
+    assert target is not None  # compile_stage runs after load_target
     attn = _OpAttention(key)
     compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
     if target.gemm == "onednn":
@@ -206,7 +210,7 @@ def make_fn(engine: Any, key: int) -> Callable[..., Any]:
     return fn
 
 
-def _decode_timer(engine: Any, fn: Callable[..., Any] | None, context: int = 64
+def _decode_timer(runner: ModelRunner, fn: Callable[..., Any] | None, context: int = 64
                   ) -> Callable[[], Any]:
     """One bs=1 decode forward at ``context`` tokens (slots 0..context of the empty pool).
 
@@ -216,18 +220,25 @@ def _decode_timer(engine: Any, fn: Callable[..., Any] | None, context: int = 64
     tokens = torch.tensor([1], device="cpu")
     pos = torch.tensor([context], device="cpu")
 
+    target, attn = runner.target, runner.attn
+    assert target is not None and attn is not None  # compile_stage runs after both stages
+
     def eager() -> Any:
-        engine.attn.plan(slots[context:], [1], [slots])
-        return engine.target(tokens, pos, engine.attn, engine.aux_layers)
+        attn.plan(slots[context:], [1], [slots])
+        return target(tokens, pos, attn, runner.aux_layers)
+
+    if fn is None:
+        return eager
+    compiled_fn = fn
 
     def compiled() -> Any:
-        engine.attn.plan(slots[context:], [1], [slots])
-        return fn(tokens, pos)  # type: ignore[misc]
+        attn.plan(slots[context:], [1], [slots])
+        return compiled_fn(tokens, pos)
 
-    return eager if fn is None else compiled
+    return compiled
 
 
-def build(engine: Any, budget_s: float | None = None,
+def build(runner: ModelRunner, budget_s: float | None = None,
           measure_s: float = 2.0) -> tuple[CompiledSteps | None, CompileReport]:
     """Compile, warm up and time the one-row forward. Returns (runner or None, report); the
     runner is None when the compile raised or ran over ``budget_s`` (default: the module's
@@ -237,14 +248,16 @@ def build(engine: Any, budget_s: float | None = None,
 
     budget_s = BUDGET_S if budget_s is None else budget_s
 
+    attn = runner.attn
+    assert attn is not None  # compile_stage runs after attention_backend
     key = next(_KEYS)
-    _BACKENDS[key] = weakref.ref(engine.attn)
+    _BACKENDS[key] = weakref.ref(attn)
     t0 = time.perf_counter()
     try:
-        fn = make_fn(engine, key)
+        fn = make_fn(runner, key)
         with torch.inference_mode():
-            _decode_timer(engine, fn)()  # compiles
-            _decode_timer(engine, fn)()
+            _decode_timer(runner, fn)()  # compiles
+            _decode_timer(runner, fn)()
     except COMPILE_ERRORS as e:  # a compiler failure means: run eagerly, said so in the detail
         _BACKENDS.pop(key, None)
         return None, CompileReport("fallback", time.perf_counter() - t0,
@@ -256,49 +269,45 @@ def build(engine: Any, budget_s: float | None = None,
         return None, CompileReport("fallback", seconds,
                                    reason=f"compile took {seconds:.0f} s > budget {budget_s:.0f} s")
     with torch.inference_mode():
-        eager_ms = median_ms(_decode_timer(engine, None), measure_s / 2, max_reps=200)
-        comp_ms = median_ms(_decode_timer(engine, fn), measure_s / 2, max_reps=200)
-    return CompiledSteps(engine, fn, key), CompileReport("compiled", seconds, eager_ms, comp_ms)
+        eager_ms = median_ms(_decode_timer(runner, None), measure_s / 2, max_reps=200)
+        comp_ms = median_ms(_decode_timer(runner, fn), measure_s / 2, max_reps=200)
+    return CompiledSteps(attn, fn, key), CompileReport("compiled", seconds, eager_ms, comp_ms)
 
 
-def compile_stage(engine: Any) -> str:
-    """The engine's ``compile`` init stage (see the module docstring): decide, maybe build,
-    record ``engine.choices["compile"]`` and the cached verdict; returns the detail line."""
+def compile_stage(runner: ModelRunner, key: str) -> Choice:
+    """The engine's ``compile`` init stage (see the module docstring): decide, maybe build and
+    install ``runner.graphs``, cache the verdict under autotune's ``key``; returns the choice
+    (the engine keeps it in ``choices["compile"]``)."""
     from workbench.engine import autotune, contention
 
-    mode = engine.config.compile
+    mode = runner.config.compile
     cands = ("eager", "compiled")
 
-    def done(choice: autotune.Choice) -> str:
-        engine.choices["compile"] = choice.to_dict()
-        return choice.detail()
-
-    if torch.device(engine.config.device).type != "cpu":
-        return done(autotune.Choice("compile", "off", "only", ("eager",),
-                                    note="CPU only (CUDA graphs serve the GPU)"))
-    if engine.graphs is not None:
-        return done(autotune.Choice("compile", "off", "only", ("eager",),
-                                    note="another step runner is installed"))
-    if not engine.target.compilable:
-        return done(autotune.Choice("compile", "off", "only", ("eager",),
-                                    note=f"a {type(engine.target).__name__} routes by data: "
-                                         "no fixed graph to compile"))
+    if runner.device.type != "cpu":
+        return autotune.Choice("compile", "off", "only", ("eager",),
+                               note="CPU only (CUDA graphs serve the GPU)")
+    if runner.graphs is not None:
+        return autotune.Choice("compile", "off", "only", ("eager",),
+                               note="another step runner is installed")
+    if runner.target is not None and not runner.target.compilable:
+        return autotune.Choice("compile", "off", "only", ("eager",),
+                               note=f"a {type(runner.target).__name__} routes by data: "
+                                    "no fixed graph to compile")
     if mode == "off":
-        return done(autotune.Choice("compile", "off", "forced", cands))
+        return autotune.Choice("compile", "off", "forced", cands)
     path = autotune.cache_path()
-    key = autotune.cache_key(engine)
     cached = autotune.final(autotune.read_cache(path).get(key, {}).get("compile"))
     if mode == "auto" and (cached is None or cached.get("choice") != "on"):
         if cached is None:
-            return done(autotune.Choice(
+            return autotune.Choice(
                 "compile", "off", "auto", cands,
                 note="not measured for this machine kind and model: measuring means compiling "
-                     "(minutes on a small CPU); EngineConfig(compile='on') measures it once and "
-                     "caches the verdict"))
-        return done(autotune.Choice("compile", "off", "cached", cands,
-                                    cached.get("timings_ms", {}), note=cached.get("note", "")))
+                     "(minutes on a small CPU); EngineConfig(compile='on') measures it once "
+                     "and caches the verdict")
+        return autotune.Choice("compile", "off", "cached", cands,
+                               cached.get("timings_ms", {}), note=cached.get("note", ""))
     a = contention.cpu_sample()
-    runner, rep = build(engine)
+    steps, rep = build(runner)
     # measured while the machine was contended: used now, never cached as the verdict
     provisional, cond = autotune.measured_conditions(a, contention.cpu_sample())
     timings = {} if rep.status != "compiled" else {
@@ -309,14 +318,14 @@ def compile_stage(engine: Any) -> str:
     autotune.write_cache(path, key, {"compile": autotune.Choice(
         "compile", verdict, "measured", cands, timings, rep.seconds, note,
         provisional=provisional, conditions=cond)})
-    keep = runner is not None and (mode == "on" or verdict == "on")
-    if runner is not None and not keep:
-        runner.close()
+    keep = steps is not None and (mode == "on" or verdict == "on")
+    if steps is not None and not keep:
+        steps.close()
     if keep:
-        engine.graphs = runner
+        runner.graphs = steps
     source = "forced" if mode == "on" else "measured"
     status = "on" if keep else "off"
     if rep.status == "fallback":
         note = f"fallback to eager: {rep.reason}"
-    return done(autotune.Choice("compile", status, source, cands, timings, rep.seconds, note,
-                                provisional=provisional, conditions=cond))
+    return autotune.Choice("compile", status, source, cands, timings, rep.seconds, note,
+                           provisional=provisional, conditions=cond)

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -52,6 +52,9 @@ from workbench.attention.triton_backend import (
     ragged_plan,
 )
 from workbench.engine.overlap import Overlap
+
+if TYPE_CHECKING:
+    from workbench.engine.runner import ModelRunner
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 Mode = Literal["cuda", "eager"]
@@ -293,30 +296,38 @@ class GraphRunner:
         prep = self.prepare(write_slots, q_lens, kv_slots, tree_masks, want_aux)
         return None if prep is None else self.launch(prep, tokens, positions)
 
+    def close(self) -> None:
+        """Drop the captured graphs and their static buffers (the engine is closing)."""
+        self.graphs.clear()
+        self._tables = self._mempool = self._workspace = None
+        self._rows.clear()
 
-def capture(engine: Any, *, mode: Mode = "cuda", buckets: Sequence[int] | None = None,
-            verify_nodes: Sequence[int] = ()) -> GraphRunner:
-    """Capture the engine's decode graphs (``Engine._stage_cuda_graphs`` calls this on CUDA).
 
-    Buckets: powers of two up to ``EngineConfig.max_batch_size``. Keys up to the engine's
-    max_model_len (+ the largest verify size). Attention: FlashInfer's graph decode when the
-    engine's backend is flashinfer, else the Triton kernel. Must run before any request holds
+def capture(runner: ModelRunner, max_model_len: int, *, mode: Mode = "cuda",
+            buckets: Sequence[int] | None = None, verify_nodes: Sequence[int] = ()
+            ) -> GraphRunner:
+    """Capture the runner's decode graphs (its ``cuda_graphs`` init stage calls this on CUDA).
+
+    Buckets: powers of two up to ``EngineConfig.max_batch_size``. Keys up to
+    ``max_model_len`` (+ the largest verify size). Attention: FlashInfer's graph decode when the
+    runner's backend is flashinfer, else the Triton kernel. Must run before any request holds
     KV (warm-ups write scratch K/V into the first slots)."""
     from workbench.attention import backend_name
 
-    pool, mc, cfg = engine.pool, engine.model_config, engine.config
-    if pool is None or engine.target is None or mc is None:
-        raise RuntimeError("cuda graphs: capture needs the target and the KV pool first")
+    pool, target, cfg = runner.pool, runner.target, runner.config
+    if pool is None or target is None or runner.attn is None:
+        raise RuntimeError("cuda graphs: capture needs the target, the KV pool and its "
+                           "attention backend first")
     if pool.used_blocks:
         raise RuntimeError("cuda graphs: capture while requests hold KV would overwrite it")
     if buckets is None:
         buckets = [b for b in DEFAULT_BUCKETS if b <= cfg.max_batch_size] or [1]
-    max_kv = min(engine.max_model_len + max(verify_nodes, default=0),
+    max_kv = min(max_model_len + max(verify_nodes, default=0),
                  pool.num_blocks * pool.page_size)
-    attention = "flashinfer" if backend_name(engine.attn) == "flashinfer" else "triton"
-    runner = GraphRunner(engine.target, pool.k, pool.v, num_heads=mc.num_attention_heads,
-                         page_size=pool.page_size, max_kv=max_kv, aux_layers=engine.aux_layers,
+    attention = "flashinfer" if backend_name(runner.attn) == "flashinfer" else "triton"
+    graphs = GraphRunner(target, pool.k, pool.v, num_heads=target.config.num_attention_heads,
+                         page_size=pool.page_size, max_kv=max_kv, aux_layers=runner.aux_layers,
                          buckets=buckets, verify_nodes=verify_nodes, attention=attention,
                          mode=mode, overlap=cfg.overlap_schedule)
-    runner.capture()
-    return runner
+    graphs.capture()
+    return graphs

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def generate(engine: Engine, prompts: Prompt | Sequence[Prompt],
              sampling: SamplingParams | Sequence[SamplingParams] | None,
              spec: SpecConfig | None, progress: bool) -> list[RequestOutput]:
-    engine._check_open()
+    engine.check_open()
     plist, sps = prompt_batch(prompts, sampling)  # all checked before anything is queued
     previous = engine.spec
     engine.set_spec(spec)

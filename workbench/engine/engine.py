@@ -24,7 +24,6 @@ from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
 from workbench.engine import driver, policy_init
 from workbench.engine.contention import Adaptation, ContentionMonitor
-from workbench.engine.kv_cache import KVPool
 from workbench.engine.output import OutputProcessor
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
 from workbench.engine.runner import ModelRunner
@@ -50,6 +49,11 @@ class Engine:
         self.model_path = model
         self.draft_path = draft
         self.model_config: ModelConfig | None = None
+        # the output side's limits, set by the load_config and allocate_kv stages (and handed to
+        # the OutputProcessor at the same time)
+        self.tokenizer: Any = None
+        self.eos_ids: set[int] = set()
+        self.max_model_len = 0
         self.runner = ModelRunner(self.config)
         self.scheduler: Scheduler | None = None
         self.spec: SpecConfig | None = None
@@ -80,20 +84,6 @@ class Engine:
                         config: EngineConfig | None = None) -> Engine:
         return cls(model, draft, config)
 
-    # the runner's parts, as the engine's (read by autotune, cuda_graphs, compiled, costmodel)
-    target = property(lambda self: self.runner.target)
-    draft = property(lambda self: self.runner.draft)
-    aux_layers = property(lambda self: self.runner.aux_layers)
-    pool: KVPool | None = property(lambda self: self.runner.pool)  # type: ignore[assignment]
-    attn = property(lambda self: self.runner.attn)
-    draft_attn = property(lambda self: self.runner.draft_attn)
-    graphs = property(lambda self: self.runner.graphs,
-                      lambda self, g: setattr(self.runner, "graphs", g))
-    # the output side's limits (set by the load_config and allocate_kv stages)
-    tokenizer = property(lambda self: self.out.tokenizer)
-    eos_ids = property(lambda self: self.out.eos_ids)
-    max_model_len = property(lambda self: self.out.max_model_len)
-
     # -- staged init ----------------------------------------------------------------------
     def _init(self) -> None:
         r = self.runner
@@ -104,10 +94,10 @@ class Engine:
              r.load_draft(self.draft_path)),
             ("autotune", self._stage_autotune),
             ("allocate_kv", self._stage_allocate_kv),
-            ("attention_backend", lambda: r.attention_backend(self.model_config)),  # type: ignore
+            ("attention_backend", self._stage_attention_backend),
             ("draft_attention_backend", r.draft_attention_backend),
-            ("cuda_graphs", lambda: r.cuda_graphs(self)),
-            ("compile", lambda: r.compile(self)),
+            ("cuda_graphs", lambda: r.cuda_graphs(self.max_model_len)),
+            ("compile", self._stage_compile),
             ("policy_costmodel", lambda: policy_init.stage(self)),
             ("self_check", self._stage_self_check),
         ]
@@ -151,13 +141,14 @@ class Engine:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         cfg_len = self.model_config.max_position_embeddings
-        self.out.max_model_len = min(cfg_len, self.config.max_model_len or cfg_len)
-        self.out.eos_ids = set(self.model_config.eos_token_id)
+        self.max_model_len = self.out.max_model_len = min(cfg_len,
+                                                          self.config.max_model_len or cfg_len)
+        self.eos_ids = self.out.eos_ids = set(self.model_config.eos_token_id)
         if (Path(folder) / "tokenizer.json").is_file() or \
                 (Path(folder) / "tokenizer_config.json").is_file():
             from transformers import AutoTokenizer
 
-            self.out.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+            self.tokenizer = self.out.tokenizer = AutoTokenizer.from_pretrained(str(folder))
 
     def _stage_autotune(self) -> str:
         """Measure every machine-dependent "auto" (GEMM path...) on the real weights, or read
@@ -176,7 +167,9 @@ class Engine:
     def _gemm_passes(self) -> dict[str, Callable[[], None]]:
         from workbench.engine.contention import gemm_pass
 
-        return {"decode M=1": gemm_pass(self.target, 1), "verify M=16": gemm_pass(self.target, 16)}
+        target = self.runner.target
+        assert target is not None  # the autotune stage runs after load_target
+        return {"decode M=1": gemm_pass(target, 1), "verify M=16": gemm_pass(target, 16)}
 
     def _threads_adapted(self, a: Adaptation) -> None:
         """The contention monitor re-measured the thread count: the choice says so."""
@@ -195,7 +188,22 @@ class Engine:
                                                         cfg.max_prefill_tokens)
         # A request alone must always fit the pool, or preemption could never make room for it
         # (it would wait forever): cap its context at the pool's capacity ("length" finish).
-        self.out.max_model_len = min(self.out.max_model_len, pool.num_blocks * pool.page_size)
+        self.max_model_len = self.out.max_model_len = min(self.max_model_len,
+                                                          pool.num_blocks * pool.page_size)
+
+    def _stage_attention_backend(self) -> str:
+        assert self.model_config is not None  # load_config ran
+        return self.runner.attention_backend(self.model_config)
+
+    def _stage_compile(self) -> str:
+        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
+        (engine/compiled.py). A compile that fails or overruns its budget leaves the runner
+        eager, named in the detail; the self-check then runs through whichever path won."""
+        from workbench.engine import autotune, compiled
+
+        choice = compiled.compile_stage(self.runner, autotune.cache_key(self))
+        self.choices["compile"] = choice.to_dict()
+        return choice.detail()
 
     def _stage_self_check(self) -> None:
         if not self.config.self_check:
@@ -206,7 +214,7 @@ class Engine:
         plain = self.generate([prompt], sp)[0].token_ids
         if len(plain) != 4:
             raise RuntimeError(f"self-check produced {len(plain)} tokens, expected 4")
-        if self.draft is not None:
+        if self.runner.draft is not None:
             spec = self.generate([prompt], sp, spec=SpecConfig(num_steps=2, topk=2,
                                                                num_draft_tokens=4))[0].token_ids
             if spec != plain:
@@ -226,7 +234,7 @@ class Engine:
     def set_spec(self, spec: SpecConfig | None) -> None:
         if spec is not None and not isinstance(spec, SpecConfig):
             raise ConfigError(f"spec: expected a SpecConfig or None, got {spec!r}")
-        if spec is not None and self.draft is None:
+        if spec is not None and self.runner.draft is None:
             why = " (draft init failed; running as an explicit baseline)" if self.baseline_only \
                 else ""
             raise ConfigError(f"spec: this engine has no draft model{why}")
@@ -245,11 +253,12 @@ class Engine:
                     logprobs: LogprobParams | None = None) -> int:
         """Queue one request; returns its id. Invalid input raises RequestError (nothing queued).
         ``logprobs``: return log-probabilities too (:class:`~workbench.core.LogprobParams`)."""
-        self._check_open()
+        self.check_open()
         sp = check_params(sampling, logprobs)
         ids = self.tokenize(prompt)
-        assert self.pool is not None and self.scheduler is not None
-        check_prompt(ids, logprobs, self.max_model_len, self.pool.num_blocks * self.pool.page_size)
+        pool = self.runner.pool
+        assert pool is not None and self.scheduler is not None
+        check_prompt(ids, logprobs, self.max_model_len, pool.num_blocks * pool.page_size)
         rid = next(self._rids)
         req = new_request(rid, ids, sp, logprobs)
         req.draft.capable = self.spec is not None
@@ -278,10 +287,11 @@ class Engine:
         return self.scheduler is not None and self.scheduler.has_work()
 
     def kv_usage(self) -> dict[str, int]:
-        self._check_open()
-        assert self.pool is not None
-        return {"used_blocks": self.pool.used_blocks, "total_blocks": self.pool.num_blocks,
-                "page_size": self.pool.page_size}
+        self.check_open()
+        pool = self.runner.pool
+        assert pool is not None
+        return {"used_blocks": pool.used_blocks, "total_blocks": pool.num_blocks,
+                "page_size": pool.page_size}
 
     def release(self, rid: int) -> RequestOutput:
         """Return a finished request's output and forget it (long-running servers)."""
@@ -341,7 +351,7 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
 
@@ -361,7 +371,7 @@ class Engine:
         Aborts asked for during the step (from a hook) take effect when it ends; each such
         request then has a finished output with ``finish_reason="abort"``.
         """
-        self._check_open()
+        self.check_open()
         outputs: dict[int, StepOutput] = {}
         self._stepping = True
         try:

@@ -29,7 +29,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
@@ -37,10 +37,14 @@ from workbench.config import SpecConfig
 from workbench.engine import autotune, contention
 from workbench.engine.calibrate import calibrate as fit_cost_model
 from workbench.engine.calibrate import measure_tau
+from workbench.engine.prompts import Prompt
 from workbench.errors import ConfigError
 from workbench.policy.costmodel import CostModel
 from workbench.policy.goodput import Goodput
 from workbench.policy.policies import BatchThreshold
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 STAGE = "policy_costmodel"
 CACHE_NAME = "policy.json"
@@ -60,7 +64,7 @@ def cache_file() -> Path | None:
     return None if path is None else path.with_name(CACHE_NAME)
 
 
-def _key(engine: Any, shape: tuple[int, int, int]) -> str:
+def _key(engine: Engine, shape: tuple[int, int, int]) -> str:
     return json.dumps({"machine": json.loads(autotune.cache_key(engine)), "shape": list(shape)},
                       sort_keys=True)
 
@@ -78,9 +82,9 @@ def _write(path: Path | None, key: str, entry: dict[str, Any]) -> None:
     autotune.replace_cache(path, entries, 1)
 
 
-def stage(engine: Any) -> str:
+def stage(engine: Engine) -> str:
     """The init stage: load the cached cost model of the default shape (5, 4, 16), if any."""
-    if engine.draft is None:
+    if engine.runner.draft is None:
         return "no draft model: nothing to calibrate"
     shape = SpecConfig().shape
     entry = _read(cache_file()).get(_key(engine, shape))
@@ -107,13 +111,13 @@ def _describe(entry: dict[str, Any]) -> str:
     return f"cost model {shape} {how}; τ {entry['tau']:.2f} on {entry['tau_on']}{busy}"
 
 
-def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
-              prompts: list[Any] | None = None) -> dict[str, Any]:
+def calibrate(engine: Engine, shape: tuple[int, int, int] | None = None,
+              prompts: list[Prompt] | None = None) -> dict[str, Any]:
     """Measure the cost model and τ of ``shape`` (default: SpecConfig's) on this engine, cache
     it, and keep it in ``engine.choices["policy_costmodel"]``. ``prompts``: measure τ on them
     (the workload's text) instead of the target's own continuations of token seeds."""
     shape = shape or SpecConfig().shape
-    if engine.draft is None:
+    if engine.runner.draft is None:
         raise ConfigError(f"{STAGE}: the engine has no draft model")
     live = sum(1 for r in engine.requests.values() if not r.finished)
     if live:
@@ -129,6 +133,7 @@ def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
             acc = measure_tau(engine, list(prompts), shape, max_new_tokens=TAU_TOKENS,
                               batch=len(prompts))
         else:
+            assert engine.model_config is not None  # load_config ran
             vocab = engine.model_config.vocab_size
             g = torch.Generator().manual_seed(0)
             seeds = [torch.randint(1, vocab, (4,), generator=g).tolist()
@@ -152,7 +157,7 @@ def calibrate(engine: Any, shape: tuple[int, int, int] | None = None,
     return engine.choices[STAGE]
 
 
-def _entry(engine: Any, shape: tuple[int, int, int]) -> dict[str, Any]:
+def _entry(engine: Engine, shape: tuple[int, int, int]) -> dict[str, Any]:
     """The engine's measured/cached entry for ``shape``: in memory, else the cache, else
     measured now."""
     have = engine.choices.get(STAGE)
@@ -165,7 +170,7 @@ def _entry(engine: Any, shape: tuple[int, int, int]) -> dict[str, Any]:
     return calibrate(engine, shape)
 
 
-def resolve(engine: Any, spec: SpecConfig) -> SpecConfig:
+def resolve(engine: Engine, spec: SpecConfig) -> SpecConfig:
     """``spec`` with its policy resolved on this machine when it needs the engine
     (``BatchThreshold("auto")``, ``Goodput()``); otherwise ``spec`` itself."""
     policy = spec.policy

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -56,6 +56,21 @@ class ForwardBatch:
         return int(self.tokens.numel())
 
 
+class StepGraphs(Protocol):
+    """A faster path for some target forwards, installed by an init stage: CUDA graphs
+    (``cuda_graphs.GraphRunner``) or the Inductor-compiled bs=1 decode
+    (``compiled.CompiledSteps``). :meth:`run` computes what ``target(tokens, positions, attn)``
+    would after ``attn.plan(write_slots, q_lens, kv_slots, tree_masks)``, or returns None when
+    it has no path for this batch (the runner then runs it eagerly)."""
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, write_slots: torch.Tensor,
+            q_lens: list[int], kv_slots: list[torch.Tensor],
+            tree_masks: list[torch.Tensor | None] | None = None, want_aux: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor | None] | None: ...
+
+    def close(self) -> None: ...
+
+
 class ModelRunner:
     """Target and draft models, the KV pool and its attention backends, the CUDA graphs."""
 
@@ -68,7 +83,7 @@ class ModelRunner:
         self.pool: KVPool | None = None
         self.attn: AttentionBackend | None = None
         self.draft_attn: AttentionBackend | None = None
-        self.graphs: object | None = None  # cuda_graphs.GraphRunner / compiled.CompiledSteps
+        self.graphs: StepGraphs | None = None
         # where ExpertRouting events go (the engine's dispatcher), and the step they belong to
         self.trace: Dispatcher | None = None
         self.step_id = 0
@@ -124,9 +139,10 @@ class ModelRunner:
                                                  self.draft.config.num_attention_heads,
                                                  self.pool.page_size)
 
-    def cuda_graphs(self, engine: Any) -> str:
-        """CUDA: capture decode graphs (engine/cuda_graphs.py). CPU or cuda_graphs=False: skipped
-        (status "ok", detail "skipped: ..."); the engine then runs every forward eagerly."""
+    def cuda_graphs(self, max_model_len: int) -> str:
+        """CUDA: capture decode graphs for contexts up to ``max_model_len``
+        (engine/cuda_graphs.py). CPU or cuda_graphs=False: skipped (status "ok", detail
+        "skipped: ..."); every forward then runs eagerly."""
         if self.device.type != "cuda":
             return "skipped: not a CUDA device"
         assert self.target is not None
@@ -137,16 +153,9 @@ class ModelRunner:
             return "skipped: EngineConfig.cuda_graphs=False"
         from workbench.engine import cuda_graphs
 
-        self.graphs = g = cuda_graphs.capture(engine)
+        g = cuda_graphs.capture(self, max_model_len)
+        self.graphs = g
         return f"captured {len(g.graphs)} graphs ({g.attention} attention)"
-
-    def compile(self, engine: Any) -> str:
-        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
-        (engine/compiled.py). A compile that fails or overruns its budget leaves the engine
-        eager, named in the detail; the self-check then runs through whichever path won."""
-        from workbench.engine import compiled
-
-        return compiled.compile_stage(engine)
 
     def drop_draft(self) -> None:
         """The configured fallback after a draft stage failed: a baseline runner."""
@@ -157,6 +166,8 @@ class ModelRunner:
             self.pool.dk = self.pool.dv = None
 
     def close(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
         self.pool = None
         self.attn = self.draft_attn = None
         self.graphs = None
@@ -211,10 +222,10 @@ class ModelRunner:
             kv.append(all_slots)
         q_lens, write_slots = batch.q_lens, torch.cat(write)
         if self.graphs is not None:
-            out = self.graphs.run(batch.tokens, batch.positions,  # type: ignore[attr-defined]
-                                  write_slots, q_lens, kv, batch.tree_masks, batch.want_aux)
+            out = self.graphs.run(batch.tokens, batch.positions, write_slots, q_lens, kv,
+                                  batch.tree_masks, batch.want_aux)
             if out is not None:
-                return out  # type: ignore[no-any-return]
+                return out
         self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
         result = self.target(batch.tokens, batch.positions, self.attn,
                              self.aux_layers if batch.want_aux else ())

@@ -160,7 +160,7 @@ def record(engine: Any, prompts: Sequence[str | Sequence[int]], shape: Sequence[
     from workbench.policy.policies import Decision, Never, check_shape
 
     s, k, n = check_shape(tuple(shape), "lab record --shape")
-    if engine.draft is None:
+    if engine.runner.draft is None:
         raise ConfigError("lab record: the engine has no draft model (--draft)")
     if not prompts:
         raise ConfigError("lab record: no prompts (the prompts file is empty)")
@@ -220,7 +220,7 @@ def record(engine: Any, prompts: Sequence[str | Sequence[int]], shape: Sequence[
              "scores": np.stack(v["scores"]).astype(np.float32),
              "probs": np.stack(v["probs"]).astype(np.float32)} for kk, v in cols.items()}
     meta = {"record_s": time.perf_counter() - t0,
-            "score_temperature": engine.draft.config.greedy_score_temperature}
+            "score_temperature": engine.runner.draft.config.greedy_score_temperature}
     return RecordedRun(shape=(s, k, n), chain_steps=chain, max_new_tokens=max_new_tokens,
                        prompts=[p if isinstance(p, str) else json.dumps(list(p)) for p in prompts],
                        prompt_lens=plens, outputs=outputs,
