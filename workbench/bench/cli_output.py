@@ -10,9 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 # the running command line (set by ``workbench.bench.cli.run``), for the per-machine results file
 COMMAND: dict[str, str] = {}
@@ -40,7 +43,7 @@ def show(title: str, df: pd.DataFrame) -> None:
     print(df.to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
-def print_choices(engine: Any) -> dict[str, Any]:
+def print_choices(engine: Engine) -> dict[str, Any]:
     """The engine's measured / forced choices (``Engine.choices``), printed once, with the
     provisional ones named."""
     from workbench.engine.autotune import provisional_names
@@ -56,7 +59,7 @@ def print_choices(engine: Any) -> dict[str, Any]:
     return ch
 
 
-def run_choices(engine: Any) -> dict[str, Any]:
+def run_choices(engine: Engine) -> dict[str, Any]:
     """The engine's choices after a run (the contention monitor may have re-measured the
     thread count meanwhile), with its adaptations under ``"adaptations"`` when there were."""
     ch = dict(getattr(engine, "choices", None) or {})

@@ -15,15 +15,18 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, saved_flags, show, stamp
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
-def _concurrency_arms(engine: Any, ns: argparse.Namespace, shape: Any,
+
+def _concurrency_arms(engine: Engine, ns: argparse.Namespace, shape: Any,
                       prompts: list[str]) -> dict[str, Any]:
     """``default_arms`` with ``--threshold``; prints the threshold arm's n and why."""
     from workbench.bench.concurrency import default_arms, policy_bases

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -51,11 +51,14 @@ from workbench.policy.policies import (
     RecordingPolicy,
 )
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
 Prompt = str | Sequence[int]
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def default_arms(engine: Any, spec: SpecConfig | None = None, threshold: int | str = "auto",
+def default_arms(engine: Engine, spec: SpecConfig | None = None, threshold: int | str = "auto",
                  cost_model: Any = None, flips: bool = True, prompts: Sequence[Prompt] = (),
                  tau: float | None = None,
                  max_new_tokens: int = 64) -> dict[str, SpecConfig | None]:
@@ -147,7 +150,7 @@ class _Loop:
     records for this arm's requests falls inside one of its advances.
     """
 
-    def __init__(self, engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None,
+    def __init__(self, engine: Engine, prompts: Sequence[Prompt], spec: SpecConfig | None,
                  concurrency: int, num_requests: int, sp: SamplingParams) -> None:
         self.rec = None
         if spec is not None:
@@ -252,7 +255,7 @@ class _Loop:
         return _Run(self.outputs, row)
 
 
-def _closed_loop(engine: Any, prompts: Sequence[Prompt], spec: SpecConfig | None,
+def _closed_loop(engine: Engine, prompts: Sequence[Prompt], spec: SpecConfig | None,
                  concurrency: int, num_requests: int, sp: SamplingParams) -> _Run:
     """One arm alone: keep ``concurrency`` requests in flight until ``num_requests`` finish."""
     loop = _Loop(engine, prompts, spec, concurrency, num_requests, sp)
@@ -308,7 +311,7 @@ def _step_times(rec: RecordingPolicy | None, skip: set[int]) -> dict[str, float]
             "switches": switches, "switch_extra_ms": extra}
 
 
-def run_concurrency(engine: Any, prompts: Sequence[Prompt],
+def run_concurrency(engine: Engine, prompts: Sequence[Prompt],
                     levels: Sequence[int] = LEVELS,
                     arms: Mapping[str, SpecConfig | None] | None = None,
                     max_new_tokens: int = 64, requests_per_level: int | None = None,

@@ -25,13 +25,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.engine import contention
 from workbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 MIN_KEPT = 0.7  # competing tok/s over alone tok/s, each arm
 MAX_RATIO_CHANGE = 0.15  # |EAGLE-3/baseline competing over alone - 1|
@@ -102,7 +105,7 @@ class LoadBenchResult:
     phases: list[dict[str, Any]]
 
 
-def run_load_bench(engine: Any, prompts: list[Any], spec: SpecConfig,
+def run_load_bench(engine: Engine, prompts: list[Any], spec: SpecConfig,
                    max_new_tokens: int = 64, repeats: int = 1, core: int | None = None,
                    progress: bool = True) -> LoadBenchResult:
     """Alternate ``alone`` and ``competing`` phases ``repeats`` times (see the module
@@ -153,7 +156,7 @@ def verdict(res: LoadBenchResult) -> str:
     return "every goal met" if not missed else "missed: " + "; ".join(missed)
 
 
-def _phase(engine: Any, prompts: list[Any], arms: dict[str, SpecConfig | None],
+def _phase(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
            sp: SamplingParams, phase: int, condition: str) -> list[dict[str, Any]]:
     rows = []
     for i, p in enumerate(prompts):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -29,10 +29,13 @@ from tqdm.auto import tqdm
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
 COMPILED = "hf static compiled"  # the peer that is warmed (and compiled) on every prompt
 
 
-def run_peers(engine: Any, prompts: list[str], max_new_tokens: int = 128,
+def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
               assistant: str | Path | None = None,
               spec: SpecConfig | None = None, repeats: int = 1,
               compiled: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict]:

@@ -10,13 +10,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 DEFAULT_ARMS: dict[str, SpecConfig | None] = {
     "baseline": None,
@@ -57,7 +60,7 @@ class SpecBenchResult:
         return out / f"{name}.json"
 
 
-def run_spec_bench(engine: Any, prompts: list[str],
+def run_spec_bench(engine: Engine, prompts: list[str],
                    arms: dict[str, SpecConfig | None] | None = None,
                    max_new_tokens: int = 128, warmup: int = 1,
                    progress: bool = True, repeats: int = 1,

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -125,7 +125,8 @@ class Engine:
     def _draft_stage(self, name: str) -> bool:
         return self.draft_path is not None and name in ("load_draft", "draft_attention_backend")
 
-    def _record_stage(self, name: str, status: str, t0: float, detail: str) -> None:
+    def _record_stage(self, name: str, status: Literal["ok", "failed", "fallback"], t0: float,
+                      detail: str) -> None:
         seconds = time.perf_counter() - t0
         self.init_log.append((name, status, seconds))
         if self.trace.enabled:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -413,7 +414,7 @@ class EagleWorker:
         self.stats.record_verify(accepted, drafted, emitted)
 
     # -- the step's accounting -----------------------------------------------------------------
-    def end_step(self, batch: ScheduledBatch, mode: str, accepted: list[int],
+    def end_step(self, batch: ScheduledBatch, mode: Literal["plain", "spec"], accepted: list[int],
                   phases: dict[str, float], total: float) -> None:
         """Count the step, let the policy learn its cost, trace it."""
         decision = batch.decision
@@ -431,8 +432,8 @@ class EagleWorker:
         if self.trace.enabled:
             self._trace_step(decision, len(batch.decode), mode, phases, total)
 
-    def _trace_step(self, d: Decision, batch: int, mode: str, phases: dict[str, float],
-                    total: float) -> None:
+    def _trace_step(self, d: Decision, batch: int, mode: Literal["plain", "spec"],
+                    phases: dict[str, float], total: float) -> None:
         now = time.perf_counter()
         self.trace.emit(ev.PolicyDecision(t=now, step=self.step_id, batch_size=batch,
                                           decode_batch=batch, speculate=d.speculate,

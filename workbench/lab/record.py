@@ -30,11 +30,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 FORMAT = 1
 SGLANG_DEFAULT_MAX_STEPS = 7  # the deepest chain of SGLang 0.5.23's default adaptive tiers
@@ -148,7 +151,7 @@ class RecordedRun:
 
 
 # -- recording -------------------------------------------------------------------------------
-def record(engine: Any, prompts: Sequence[str | Sequence[int]], shape: Sequence[int],
+def record(engine: Engine, prompts: Sequence[str | Sequence[int]], shape: Sequence[int],
            max_new_tokens: int, chain_steps: int | None = None,
            cost_model: Any = None, progress: bool = False) -> RecordedRun:
     """Record ``prompts`` on ``engine`` (see the module doc): greedy, ``ignore_eos`` (every

@@ -39,12 +39,15 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from workbench.config import SamplingParams
 from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.stops import hold_back, text_stops
 from workbench.serve.sglang_metrics import ServeMetrics
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,7 +124,7 @@ class EngineLoop:
 
     FANOUT_SHARE = 0.5
 
-    def __init__(self, engine: Any, idle_wait_s: float = 0.05, max_pending: int | None = None,
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05, max_pending: int | None = None,
                  on_fatal: Callable[[str], None] | None = None) -> None:
         if max_pending is not None and (not isinstance(max_pending, int) or max_pending < 1):
             raise ValueError(f"max_pending: must be an integer >= 1 or None, got {max_pending!r}")

@@ -26,7 +26,10 @@ Every ``sglang:`` series carries a ``model_name`` label (the served model name),
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 # (name, type, help); label-less unless noted in render().
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -57,7 +60,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def snapshot(engine: Any, loop: Any) -> dict[str, Any]:
+def snapshot(engine: Engine, loop: Any) -> dict[str, Any]:
     """Counters of ``engine`` and of the serving ``loop`` (call on the engine-loop thread)."""
     st = engine.stats
     kv = engine.kv_usage()

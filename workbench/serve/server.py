@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.errors import ConfigError
 from workbench.serve.frontend import ServeState, error_id
@@ -69,6 +69,9 @@ from workbench.serve.web import (
     StarletteHTTPException,
     uvicorn,
 )
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 # ServeLimits and uvicorn_config are part of this module's API (tests, notebooks, the CLI)
 __all__ = ["ServeLimits", "ServerHandle", "bind_socket", "build_app", "limits_from_args", "main",
@@ -201,18 +204,18 @@ class ServerHandle:
         return f"ServerHandle({self.url!r}, running={self.thread.is_alive()})"
 
 
-def _served_name(engine: Any) -> str:
+def _served_name(engine: Engine) -> str:
     return Path(str(engine.model_path)).name or "workbench"
 
 
-def make_loop(engine: Any, limits: ServeLimits,
+def make_loop(engine: Engine, limits: ServeLimits,
               on_fatal: Callable[[str], None] | None = None) -> EngineLoop:
     """The engine loop with the waiting bound: max_batch_size running + ``max_waiting``."""
     return EngineLoop(engine, max_pending=engine.config.max_batch_size + limits.max_waiting,
                       on_fatal=on_fatal)
 
 
-def start_server(engine: Any, host: str = "127.0.0.1", port: int = 0, *,
+def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, *,
                  name: str | None = None, log_level: str = "warning",
                  startup_timeout: float = 30.0, limits: ServeLimits | None = None,
                  ) -> ServerHandle:

@@ -24,15 +24,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.serve.frontend import ServeState
 from workbench.serve.loop import Ticket
 from workbench.serve.protocol import HTTPError, check_fields, expect_bool, type_name
 from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
-def model_info(engine: Any, name: str) -> dict[str, Any]:
+
+def model_info(engine: Engine, name: str) -> dict[str, Any]:
     """SGLang's ``/model_info`` for ``engine`` served as ``name``."""
     folder = Path(str(engine.model_path))
     cfg_path = folder / "config.json"
@@ -56,7 +59,7 @@ def model_info(engine: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _flush(engine: Any) -> str | None:
+def _flush(engine: Engine) -> str | None:
     """On the engine thread: None when flushed, else why not (requests are live)."""
     if engine.has_unfinished():
         return (f"Cache not flushed: {engine.num_running()} requests running and "

@@ -18,7 +18,7 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.serve.frontend import AbortingStream, ServeState, check_failed, loop_down
 from workbench.serve.loop import Chunk
@@ -29,10 +29,13 @@ from workbench.serve.sglang_admin import LiveRids, add_admin_routes
 from workbench.serve.sglang_batch import generate_batch, split_generate
 from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
 # ---- engine-side views (run on the loop thread) ------------------------------------------------
 
 
-def server_info(engine: Any, name: str) -> dict[str, Any]:
+def server_info(engine: Engine, name: str) -> dict[str, Any]:
     """Model paths, spec and engine config, KV usage; SGLang-style keys where they exist."""
     spec = engine.spec
     spec_d = None if spec is None else {
@@ -60,7 +63,7 @@ def server_info(engine: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _token_decoder(engine: Any) -> Callable[[int], str] | None:
+def _token_decoder(engine: Engine) -> Callable[[int], str] | None:
     """One token id → its text (``return_text_in_logprobs``); None without a tokenizer."""
     tok = engine.tokenizer
     return None if tok is None else (lambda t: tok.decode([t]))
@@ -156,7 +159,7 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
         return AbortingStream(events(), abort)
 
 
-def response_body(engine: Any, parsed: ParsedRequest, rid: str, prompt_tokens: int,
+def response_body(engine: Engine, parsed: ParsedRequest, rid: str, prompt_tokens: int,
                   t0: float) -> Callable[..., dict[str, Any]]:
     """Chunk → SGLang's ``{"text", "output_ids", "meta_info"}`` for the request ``parsed``
     (id ``rid``, received at ``t0``). ``body(c, sent_ids, sent_text)``: only what is new

@@ -285,8 +285,17 @@ class Dispatcher:
         return f"Dispatcher(tracer={self.tracer!r}, hooks={self.hooks!r})"
 
 
+class Traceable(Protocol):
+    """What :func:`trace` needs of an engine (the trace layer sits below the engine)."""
+
+    @property
+    def tracer(self) -> Any: ...
+
+    def set_tracer(self, tracer: Any) -> None: ...
+
+
 @contextlib.contextmanager
-def trace(engine: Any, events: EventTypes | None = None) -> Iterator[RecordingTracer]:
+def trace(engine: Traceable, events: EventTypes | None = None) -> Iterator[RecordingTracer]:
     """Record ``engine``'s events for the duration of the block.
 
     Installs a :class:`RecordingTracer` with ``engine.set_tracer`` — alongside the engine's current

@@ -18,8 +18,10 @@ from workbench.config import SamplingParams, SpecConfig
 if TYPE_CHECKING:
     import pandas as pd
 
+    from workbench.engine.engine import Engine
 
-def closed_loop_outputs(engine: Any, prompts: Sequence[str], spec: SpecConfig | None,
+
+def closed_loop_outputs(engine: Engine, prompts: Sequence[str], spec: SpecConfig | None,
                         concurrency: int, num_requests: int,
                         max_new_tokens: int) -> list[Any]:
     """Keep ``concurrency`` requests in flight until ``num_requests`` finished; returns their
@@ -69,7 +71,7 @@ def latency_rows(outputs: Sequence[Any], **labels: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def latency_samples(engine: Any, prompts: Sequence[str],
+def latency_samples(engine: Engine, prompts: Sequence[str],
                     arms: Mapping[str, SpecConfig | None], levels: Sequence[int],
                     max_new_tokens: int = 32, requests_per_level: int | None = None
                     ) -> pd.DataFrame:

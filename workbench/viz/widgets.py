@@ -26,6 +26,8 @@ from workbench.viz import figures
 if TYPE_CHECKING:
     import pandas as pd
 
+    from workbench.engine.engine import Engine
+
 POLICIES = ("Always", "BatchThreshold", "off")
 
 
@@ -60,7 +62,7 @@ class Explorer:
     ``Explorer(engine)`` displays itself as the last expression of a cell (``.widget``).
     """
 
-    def __init__(self, engine: Any, prompt: str = "def fnmatch(name, pat):",
+    def __init__(self, engine: Engine, prompt: str = "def fnmatch(name, pat):",
                  num_steps: int = 5, topk: int = 4, num_draft_tokens: int = 16,
                  max_new_tokens: int = 64) -> None:
         self.engine = engine
