@@ -135,7 +135,7 @@ def run_trace_overhead(engine: Engine, prompts: Sequence[Any], batch_sizes: Sequ
     _check_untraced(engine)
     if arms is None:
         arms = {k: v for k, v in DEFAULT_ARMS.items()
-                if v is None or getattr(engine, "draft", None) is not None}
+                if v is None or engine.runner.draft is not None}
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     plist = list(prompts)
     batches = {b: [plist[i % len(plist)] for i in range(b)] for b in batch_sizes}

@@ -66,7 +66,7 @@ class Explorer:
                  num_steps: int = 5, topk: int = 4, num_draft_tokens: int = 16,
                  max_new_tokens: int = 64) -> None:
         self.engine = engine
-        self.has_draft = getattr(engine, "draft", None) is not None
+        self.has_draft = engine.runner.draft is not None
         self.rid: int | None = None
         self.events: list[Event] = []
         self.reports: list[StepReport] = []
