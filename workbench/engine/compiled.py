@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.models.gemm import onednn_linear, onednn_linear_add
+from workbench.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
     from workbench.attention import AttentionBackend
@@ -194,7 +195,8 @@ def make_fn(runner: ModelRunner, key: int) -> Callable[..., Any]:
     and SiLU·up around them; on dense weights Inductor traces everything (and picks its own
     GEMM kernels)."""
     target, aux = runner.target, tuple(runner.aux_layers)
-    assert target is not None  # compile_stage runs after load_target
+    # compile_stage runs after load_target and compiles only dense-graph targets (compilable)
+    assert isinstance(target, LlamaForCausalLM)
     attn = _OpAttention(key)
     compiled = torch.compile(target.layers_forward, fullgraph=True, dynamic=False)
     if target.gemm == "onednn":

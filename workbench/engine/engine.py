@@ -429,7 +429,8 @@ class Engine:
         plain = batch.plain_after(ran)  # policy off, no room for a tree, draft not ready
         if plain:
             self.worker.plain(plain, outputs, phases)
-        mode, total = "spec" if accepted else "plain", _ms(t_start)
+        mode: Literal["plain", "spec"] = "spec" if accepted else "plain"
+        total = _ms(t_start)
         self.worker.end_step(batch, mode, accepted, phases, total)
         if self.contention is not None:
             self.contention.observe(mode, len(batch.decode), total)

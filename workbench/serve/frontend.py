@@ -65,7 +65,9 @@ class ServeState:
         self.limits = limits
         self.max_model_len = int(loop.engine.max_model_len)
         self.max_prompt_chars = limits.prompt_chars(self.max_model_len)
-        self.vocab_size = int(loop.engine.model_config.vocab_size)
+        mc = loop.engine.model_config
+        assert mc is not None  # a built engine has loaded its model config
+        self.vocab_size = int(mc.vocab_size)
         # tokenization never runs on the engine thread (nor on the event loop)
         self.tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="workbench-tokenize")
         # nor does building and serializing a big answer (log-probability tables)
