@@ -90,7 +90,7 @@ with wb.faults.inject("init:draft_attention_backend"):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print("baseline_only:", fallback.baseline_only, "· draft:", fallback.draft)
+print("baseline_only:", fallback.baseline_only, "· draft:", fallback.runner.draft)
 for row in rec.frame("init").itertuples():
     print(f"{row.stage:24s} {row.status}")
 

@@ -11,10 +11,13 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.bench.cli_output import print_choices, run_choices
 from workbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 QUICK_LEVELS = (1, 4, 16)
 
@@ -160,7 +163,7 @@ def max_new(ns: argparse.Namespace) -> int:
     return min(ns.max_new_tokens, 32) if ns.quick else ns.max_new_tokens
 
 
-def arm_engines(ns: argparse.Namespace, ref: Any, arms: dict[str, Any],
+def arm_engines(ns: argparse.Namespace, ref: Engine, arms: dict[str, Any],
                 prompt_list: list[str], level_list: tuple[int, ...]) -> dict[str, Any]:
     """One engine per arm (interleaved sweep), unless ``--sequential``. Every arm is then timed
     on the same stretch of the machine's life; the pools are sized for the sweep, since up to
@@ -172,8 +175,8 @@ def arm_engines(ns: argparse.Namespace, ref: Any, arms: dict[str, Any],
     engines: dict[str, Any] = {}
     try:
         for a in arms:
-            engines[a] = engine(ns, need_draft=ref.draft is not None, max_batch=max(level_list),
-                                kv_budget_tokens=need)
+            engines[a] = engine(ns, need_draft=ref.runner.draft is not None,
+                                max_batch=max(level_list), kv_budget_tokens=need)
     except BaseException:
         for e in engines.values():
             e.close()
