@@ -18,16 +18,19 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, saved_flags, show, stamp
 from workbench.errors import ConfigError
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
 NEEDS_MACHINE = ("threshold:auto", "goodput")
 
 
-def policy_arms(engine: Any, ns: argparse.Namespace, spec: Any,
+def policy_arms(engine: Engine, ns: argparse.Namespace, spec: Any,
                 prompts: list[str]) -> dict[str, Any]:
     """baseline, never and one arm per ``--policy`` name (module doc); prints each basis."""
     from workbench.engine.calibrate import calibrate, measure_tau
@@ -37,7 +40,7 @@ def policy_arms(engine: Any, ns: argparse.Namespace, spec: Any,
     if "oracle" in names:
         raise ConfigError("--policy oracle: the hindsight oracle exists only in a replay "
                           "(`lab replay`); a real run cannot know acceptance in advance")
-    if engine.draft is None:
+    if engine.runner.draft is None:
         raise ConfigError("--policy: needs a draft model (--draft)")
     shape = (spec.num_steps, spec.topk, int(spec.num_draft_tokens))
     cm = acc = None

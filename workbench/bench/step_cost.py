@@ -20,15 +20,18 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.config import SamplingParams, SpecConfig
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
 
 
 class ForwardClock:
     """Per-step forward times of ``engine`` inside a ``with`` block (module docstring)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.rows: list[dict[str, float]] = []
         self._cur = {"target_ms": 0.0, "draft_ms": 0.0}
@@ -76,7 +79,7 @@ class ForwardClock:
             delattr(obj, name)
 
 
-def _run(engine: Any, prompts: list[Any], sp: SamplingParams,
+def _run(engine: Engine, prompts: list[Any], sp: SamplingParams,
          spec: SpecConfig | None) -> list[dict[str, Any]]:
     """The steps of one pass over ``prompts``: forward times joined with each step's mode."""
     import workbench as wb
@@ -88,7 +91,7 @@ def _run(engine: Any, prompts: list[Any], sp: SamplingParams,
     return [{**r, "mode": modes[r["step"]]} for r in clock.rows if r["step"] in modes]
 
 
-def step_costs(engine: Any, prompts: list[Any], arms: dict[str, SpecConfig | None],
+def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
                sp: SamplingParams) -> dict[str, dict[str, float]]:
     """Per speculative arm, from a separate traced pass over ``prompts`` (tracing and the
     clock cost time of their own, so it is not the timed pass): ``verify_ratio``,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,10 +29,13 @@ from workbench.errors import ConfigError
 from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Always, Never, RecordingPolicy, Shape
 
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
 BATCHES = (1, 4, 16)
 
 
-def _steps(engine: Any, prompts: Sequence[str], spec: Any, batch: int,
+def _steps(engine: Engine, prompts: Sequence[str], spec: Any, batch: int,
            tokens: int) -> list[tuple[int, float, float, Any, tuple[int, ...]]]:
     """(batch, context, ms, decision, accepted) of each pure decode step of ``batch`` prompts
     run together (the first decode step, which pays first-use costs, left out)."""
@@ -132,7 +135,7 @@ def anchored(base: CostModel, anchors: dict[str, Any]) -> AnchoredCostModel:
     return AnchoredCostModel(**kw, anchors=anchors)
 
 
-def fit_step_model(engine: Any, prompts: Sequence[str], shape: Shape,
+def fit_step_model(engine: Engine, prompts: Sequence[str], shape: Shape,
                    contexts: Sequence[int] = (128, 384), batches: Sequence[int] = BATCHES,
                    tokens: int = 48) -> AnchoredCostModel:
     """The step-time model of the module doc: ``calibrate``'s components, and whole steps
