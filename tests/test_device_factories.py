@@ -60,6 +60,7 @@ CHECKED = (
     "policy/policies.py",
     "policy/goodput.py",
     "policy/costmodel.py",
+    "policy/moe_cost.py",
     "kernels/__init__.py",
     "kernels/checks.py",
     "kernels/reference.py",
