@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_TARGET = "data/models/wb-target"
-DEFAULT_DRAFT = "data/models/wb-eagle3"
+from workbench.bench.cli import add_parser as add_bench
+from workbench.bench.workloads import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 def add_dataclass_args(p: argparse.ArgumentParser, cls: Any) -> None:
@@ -87,12 +87,6 @@ def cmd_make_prompts(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(ns: argparse.Namespace) -> int:
-    from workbench.bench import cli
-
-    return cli.run(ns)
-
-
 def cmd_demo(ns: argparse.Namespace) -> int:
     from workbench.bench import demo
 
@@ -146,54 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--out", default="")
     mp.set_defaults(fn=cmd_make_prompts)
 
-    b = sub.add_parser("bench",
-                       help="benchmarks: spec | peers | concurrency | threshold | shapes | k0 "
-                            "| load")
-    b.add_argument("which", choices=["spec", "peers", "concurrency", "threshold", "shapes",
-                                     "k0", "load"])
-    b.add_argument("--model", default=DEFAULT_TARGET)
-    b.add_argument("--draft", default=DEFAULT_DRAFT)
-    b.add_argument("--url", default=None, help="benchmark a running server instead")
-    b.add_argument("--prompts", type=int, default=8)
-    b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--out", default="data/results")
-    b.add_argument("--quick", action="store_true")
-    b.add_argument("--assistant", default="data/models/wb-assistant",
-                   help="small draft LM for transformers assisted generation (peers)")
-    b.add_argument("--repeats", type=int, default=1,
-                   help="run every measurement this many times (concurrency/threshold: every "
-                        "(level, arm) cell, arm order rotated); means with 95%% confidence "
-                        "intervals reported")
-    b.add_argument("--strict", action="store_true",
-                   help="exit 2 when the run is flagged (load > cores, self-inconsistent "
-                        "numbers: workbench.bench.sanity)")
-    b.add_argument("--engine", default="", metavar="KEY=VALUE,...",
-                   help="EngineConfig overrides, e.g. gemm=dense,compile=off,threads=2 "
-                        "(forced choices instead of the measured 'auto')")
-    b.add_argument("--tau", type=float, default=5.0,
-                   help="shapes: the accept length to simulate (random-weight pairs)")
-    b.add_argument("--levels", default=None, metavar="C1,C2,...",
-                   help="concurrency/threshold: concurrency levels (default 1,2,4,8,16,32,64)")
-    b.add_argument("--sequential", action="store_true",
-                   help="concurrency: run a cell's arms back to back on one engine instead of "
-                        "interleaved step by step, one engine per arm (the default)")
-    b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
-                   help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
-                        "num_draft_tokens (root included; chain: S,1,S+1)")
-    b.add_argument("--threshold", default="auto", metavar="auto|N",
-                   help="concurrency: the threshold arm's BatchThreshold(n); auto (default) = "
-                        "the crossover the cost model calibrated on this machine predicts at "
-                        "the accept length measured on the prompts")
-    b.add_argument("--prompts-file", default=None, metavar="F.jsonl",
-                   help='prompts from this file (one {"prompt": ...} per line, all of them) '
-                        "instead of --prompts held-out ones")
-    b.add_argument("--policy", default=None, metavar="P,...",
-                   help="concurrency: run these named policies (never, always, threshold:N|"
-                        "auto, table:..., goodput, sglang[:TIERS], vllm[:TABLE]; as `lab "
-                        "replay`) beside baseline and never, instead of the default arms")
-    b.add_argument("--json", action="store_true",
-                   help="concurrency --policy: one JSON object per arm and level on stdout")
-    b.set_defaults(fn=cmd_bench)
+    add_bench(sub)
 
     dm = sub.add_parser("demo", help="EAGLE-3 vs baseline on the shipped models")
     dm.add_argument("--model", default=DEFAULT_TARGET)

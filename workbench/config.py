@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from workbench.errors import ConfigError, RequestError
 from workbench.policy.policies import Always, Policy, tree_shape_problem
+from workbench.stop_regex import check_patterns
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
     # SGLang's stop_regex: stop once the output contains a match (RE2, linear time; bounds and
-    # window: workbench.engine.stop_regex)
+    # window: workbench.stop_regex)
     stop_regex: tuple[str, ...] = ()
     ignore_eos: bool = False
     no_stop_trim: bool = False  # keep a matched stop string / stop token in the text (SGLang)
@@ -187,8 +188,6 @@ class SamplingParams:
                                    f"{s!r}")
             _utf8(s, "stop_regex")
         if rx:
-            from workbench.engine.stop_regex import check_patterns
-
             check_patterns(rx)
         object.__setattr__(self, "stop_regex", rx)
 

@@ -20,7 +20,7 @@ from speculative.test_lossless import CONFIGS, prompts
 from speculative.test_stop_lossless import run
 
 import workbench as wb
-from workbench.engine.stop_regex import WINDOW_CHARS, compile_pattern
+from workbench.stop_regex import WINDOW_CHARS, compile_pattern
 
 N = 24
 FAST = ("chain S3", "S5 K4 N16", "S6 K8 N32")

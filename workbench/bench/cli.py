@@ -29,13 +29,15 @@ Layout: this module dispatches; ``cli_args`` turns flags into prompts, engines a
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from workbench.bench.cli_bs1 import bench_load, bench_peers, bench_shapes, bench_spec
 from workbench.bench.cli_output import COMMAND, announce_conditions
 from workbench.bench.cli_sweeps import bench_concurrency, bench_http, bench_k0, bench_threshold
+from workbench.bench.workloads import DEFAULT_DRAFT, DEFAULT_TARGET
 from workbench.errors import ConfigError
 
-__all__ = ["COMMANDS", "bench_concurrency", "bench_http", "bench_k0", "bench_load",
+__all__ = ["COMMANDS", "add_parser", "bench_concurrency", "bench_http", "bench_k0", "bench_load",
            "bench_peers", "bench_shapes", "bench_spec", "bench_threshold", "command_of", "run"]
 
 COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concurrency,
@@ -43,14 +45,63 @@ COMMANDS = {"spec": bench_spec, "peers": bench_peers, "concurrency": bench_concu
             "load": bench_load}
 
 
+def add_parser(sub: Any) -> None:
+    """The ``bench`` subcommand and its flags (``python -m workbench``'s parser adds it)."""
+    b = sub.add_parser("bench", help="benchmarks: " + " | ".join(COMMANDS))
+    b.add_argument("which", choices=list(COMMANDS))
+    b.add_argument("--model", default=DEFAULT_TARGET)
+    b.add_argument("--draft", default=DEFAULT_DRAFT)
+    b.add_argument("--url", default=None, help="benchmark a running server instead")
+    b.add_argument("--prompts", type=int, default=8)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--out", default="data/results")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--assistant", default="data/models/wb-assistant",
+                   help="small draft LM for transformers assisted generation (peers)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="run every measurement this many times (concurrency/threshold: every "
+                        "(level, arm) cell, arm order rotated); means with 95%% confidence "
+                        "intervals reported")
+    b.add_argument("--strict", action="store_true",
+                   help="exit 2 when the run is flagged (load > cores, self-inconsistent "
+                        "numbers: workbench.bench.sanity)")
+    b.add_argument("--engine", default="", metavar="KEY=VALUE,...",
+                   help="EngineConfig overrides, e.g. gemm=dense,compile=off,threads=2 "
+                        "(forced choices instead of the measured 'auto')")
+    b.add_argument("--tau", type=float, default=5.0,
+                   help="shapes: the accept length to simulate (random-weight pairs)")
+    b.add_argument("--levels", default=None, metavar="C1,C2,...",
+                   help="concurrency/threshold: concurrency levels (default 1,2,4,8,16,32,64)")
+    b.add_argument("--sequential", action="store_true",
+                   help="concurrency: run a cell's arms back to back on one engine instead of "
+                        "interleaved step by step, one engine per arm (the default)")
+    b.add_argument("--spec", default="5,4,16", metavar="S,K,N",
+                   help="EAGLE-3 shape for peers/concurrency/threshold: num_steps, topk, "
+                        "num_draft_tokens (root included; chain: S,1,S+1)")
+    b.add_argument("--threshold", default="auto", metavar="auto|N",
+                   help="concurrency: the threshold arm's BatchThreshold(n); auto (default) = "
+                        "the crossover the cost model calibrated on this machine predicts at "
+                        "the accept length measured on the prompts")
+    b.add_argument("--prompts-file", default=None, metavar="F.jsonl",
+                   help='prompts from this file (one {"prompt": ...} per line, all of them) '
+                        "instead of --prompts held-out ones")
+    b.add_argument("--policy", default=None, metavar="P,...",
+                   help="concurrency: run these named policies (never, always, threshold:N|"
+                        "auto, table:..., goodput, sglang[:TIERS], vllm[:TABLE]; as `lab "
+                        "replay`) beside baseline and never, instead of the default arms")
+    b.add_argument("--json", action="store_true",
+                   help="concurrency --policy: one JSON object per arm and level on stdout")
+    b.set_defaults(fn=run)
+
+
 def command_of(ns: argparse.Namespace) -> str:
     """``python -m workbench bench <which> --flag value ...``: the flags that differ from the
     parser's defaults (what the user typed, in a canonical order)."""
     import shlex
 
-    from workbench.__main__ import build_parser
-
-    defaults = vars(build_parser().parse_args(["bench", ns.which]))
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="cmd"))
+    defaults = vars(parser.parse_args(["bench", ns.which]))
     parts = ["python -m workbench bench", ns.which]
     for key, value in vars(ns).items():
         if key in ("which", "fn", "cmd") or key not in defaults or value == defaults[key]:

@@ -15,6 +15,9 @@ from pathlib import Path
 from workbench.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
+# the shipped demo models the CLI defaults to (repository-relative, as typed on a command line)
+DEFAULT_TARGET = "data/models/wb-target"
+DEFAULT_DRAFT = "data/models/wb-eagle3"
 
 ENGLISH = (
     "The quick brown fox",

@@ -11,7 +11,8 @@ The state of a request's scan (:class:`ScanState`) is an immutable value, so
 and keep the state after the token where it stops: a block ends exactly where plain decoding
 of the same tokens ends (lossless stops).
 
-Another kind of stop (``stop_regex``: :mod:`workbench.engine.stop_regex`) implements
+Another kind of stop (``stop_regex``: :class:`StopRegex`, limits in :mod:`workbench.stop_regex`)
+implements
 :class:`TextStop` and is returned from :func:`text_stops` for the sampling parameters that ask
 for it. Its ``feed`` sees the output text
 as consecutive pieces (each piece: the characters a token made final) and reports the first
@@ -26,6 +27,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
 from workbench.config import SamplingParams
+from workbench.stop_regex import CONTEXT_CHARS, WINDOW_CHARS, check_patterns, compile_pattern
 
 # A decode window that has not ended on a complete character for this many tokens (bytes that
 # are not UTF-8) is taken as final, U+FFFD and all: the scan's cost per token stays bounded.
@@ -133,11 +135,9 @@ def stop_strings(stops: tuple[str, ...]) -> StopStrings:
 
 def text_stops(sp: SamplingParams) -> tuple[TextStop, ...]:
     """The text stops ``sp`` asks for (empty: no text matching at all): its stop strings and
-    its ``stop_regex`` patterns (:mod:`workbench.engine.stop_regex`)."""
+    its ``stop_regex`` patterns (:mod:`workbench.stop_regex`)."""
     found: tuple[TextStop, ...] = (stop_strings(sp.stop),) if sp.stop else ()
     if sp.stop_regex:
-        from workbench.engine.stop_regex import stop_regexes
-
         found += (stop_regexes(sp.stop_regex),)
     return found
 
@@ -207,3 +207,47 @@ def _feed(stops: tuple[TextStop, ...], states: tuple[Any, ...],
                               (h.end == hit.end and len(h.stop) > len(hit.stop))):
             hit = h
     return tuple(new_states), hit
+
+
+# -- stop_regex (the patterns' limits and validation: workbench/stop_regex.py) ----------------
+class StopRegex:
+    """The :class:`TextStop` of a request's ``stop_regex`` patterns.
+    State: ``(window, total)``, the last :data:`WINDOW_CHARS` + :data:`CONTEXT_CHARS`
+    characters of the text fed so far and how many were fed."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        check_patterns(patterns)
+        self.patterns = patterns
+        self.programs = [compile_pattern(p) for p in patterns]
+        # upstream trims at text.find(pattern): what a stream holds back is what may begin it
+        self._literal = stop_strings(patterns)
+
+    def start(self) -> tuple[str, int]:
+        return "", 0
+
+    def feed(self, state: tuple[str, int], piece: str) -> tuple[tuple[str, int], Any]:
+        window, total = state
+        text = window + piece
+        total += len(piece)
+        # the window's first CONTEXT_CHARS characters are context only, unless the whole text
+        # is in it (then ^ and \b at the start are the text's own)
+        pos = 0 if total <= len(text) else min(CONTEXT_CHARS, len(window))
+        hit = None
+        base = len(text) - len(piece)
+        for pattern, prog in zip(self.patterns, self.programs, strict=True):
+            m = prog.search(text, pos)
+            if m is not None:
+                end = max(1, m.end() - base)
+                if hit is None or end < hit.end:
+                    hit = Hit(end, pattern)
+        keep = WINDOW_CHARS + CONTEXT_CHARS
+        return (text[-keep:] if len(text) > keep else text, total), hit
+
+    def hold(self, text: str) -> int:
+        return int(self._literal.hold(text))
+
+
+@lru_cache(maxsize=128)
+def stop_regexes(patterns: tuple[str, ...]) -> StopRegex:
+    """The TextStop for ``patterns`` (built once per distinct tuple)."""
+    return StopRegex(patterns)

@@ -73,18 +73,6 @@ class RecordedRun:
     def output_lens(self) -> list[int]:
         return [len(o) for o in self.outputs]
 
-    def accept_table(self, shape: Sequence[int]) -> np.ndarray:
-        """(P,) greedy accepted draft tokens of ``shape`` at every tree row (exact)."""
-        from workbench.lab.trees import accepted
-
-        return accepted(self, shape)
-
-    def check(self, shape: Sequence[int], where: str) -> tuple[int, int, int]:
-        """``shape`` if the run recorded it (errors name ``where``)."""
-        from workbench.lab.trees import check_recorded
-
-        return check_recorded(self, shape, where)
-
     @property
     def steps_for(self) -> dict[int, int]:
         """Recorded depth per top-k."""

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.lab.trees import accepted
 from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Decision, PolicyContext, Shape, shape_name
 
@@ -187,7 +188,7 @@ class Simulator:
                     d = policy.decide(pctx)
                 specs = [q for q in decode if q.left > 1] if d.speculate else []
                 if specs:
-                    m = run.accept_table(d.shape)
+                    m = accepted(run, d.shape)
                     ms_steps = [int(m[q.off + q.j]) for q in specs]
                     catchup = cm.draft_ms(sum(q.lag for q in specs), ctx) \
                         if any(q.lag for q in specs) else 0.0
@@ -256,7 +257,7 @@ class Simulator:
         if not specs:
             return b, cm.plain_step_ms(b, ctx, warm=False) + extend, 0.0
         s, k, n = shape  # type: ignore[misc]
-        m = self.run.accept_table(shape)
+        m = accepted(self.run, shape)
         em = [min(int(m[q.off + q.j]) + 1, q.left) for q in specs]
         lag = sum(q.lag for q in specs)
         catchup = cm.draft_ms(lag, ctx) if lag else 0.0

@@ -16,7 +16,9 @@ server):
   output (plus the token's own text), so a token costs O(window) however long the output grows.
   A match must fit in that window (SGLang likewise searches a tail of the output).
 
-Matching is a :class:`~workbench.engine.stops.TextStop` fed each token's text by the incremental
+This module holds the patterns' limits and their validation (``SamplingParams`` checks a request's
+patterns with it, so it sits below the config). Matching is a
+:class:`~workbench.engine.stops.TextStop` (``StopRegex``) fed each token's text by the incremental
 scan of :mod:`workbench.engine.stops`: the state is the window itself (an immutable string), so a
 block of accepted draft tokens stops exactly where plain decoding of the same tokens stops
 (lossless, like stop strings). As upstream, the finish reason's ``matched`` is the pattern and
@@ -83,50 +85,3 @@ def check_patterns(patterns: tuple[str, ...]) -> None:
         raise RequestError(f"stop_regex: at most {MAX_PATTERNS} patterns, got {len(patterns)}")
     for p in patterns:
         compile_pattern(p)
-
-
-class StopRegex:
-    """The :class:`~workbench.engine.stops.TextStop` of a request's ``stop_regex`` patterns.
-    State: ``(window, total)``, the last :data:`WINDOW_CHARS` + :data:`CONTEXT_CHARS`
-    characters of the text fed so far and how many were fed."""
-
-    def __init__(self, patterns: tuple[str, ...]) -> None:
-        check_patterns(patterns)
-        self.patterns = patterns
-        self.programs = [compile_pattern(p) for p in patterns]
-        from workbench.engine.stops import stop_strings
-
-        # upstream trims at text.find(pattern): what a stream holds back is what may begin it
-        self._literal = stop_strings(patterns)
-
-    def start(self) -> tuple[str, int]:
-        return "", 0
-
-    def feed(self, state: tuple[str, int], piece: str) -> tuple[tuple[str, int], Any]:
-        from workbench.engine.stops import Hit
-
-        window, total = state
-        text = window + piece
-        total += len(piece)
-        # the window's first CONTEXT_CHARS characters are context only, unless the whole text
-        # is in it (then ^ and \b at the start are the text's own)
-        pos = 0 if total <= len(text) else min(CONTEXT_CHARS, len(window))
-        hit = None
-        base = len(text) - len(piece)
-        for pattern, prog in zip(self.patterns, self.programs, strict=True):
-            m = prog.search(text, pos)
-            if m is not None:
-                end = max(1, m.end() - base)
-                if hit is None or end < hit.end:
-                    hit = Hit(end, pattern)
-        keep = WINDOW_CHARS + CONTEXT_CHARS
-        return (text[-keep:] if len(text) > keep else text, total), hit
-
-    def hold(self, text: str) -> int:
-        return int(self._literal.hold(text))
-
-
-@lru_cache(maxsize=128)
-def stop_regexes(patterns: tuple[str, ...]) -> StopRegex:
-    """The TextStop for ``patterns`` (built once per distinct tuple)."""
-    return StopRegex(patterns)
