@@ -16,7 +16,6 @@ import pytest
 from workbench.errors import ConfigError
 from workbench.lab.box import BoxRun, check_tiers, compile_tiers, fit_box, geometric_rate
 from workbench.lab.replay import load_run, replay
-from workbench.lab.trees import accepted, check_recorded
 from workbench.policy.goodput import tau_of
 from workbench.policy.policies import depth_rates
 from workbench.remote.records import read_request_metrics
@@ -80,13 +79,13 @@ def test_fit_box_from_records_and_sweeps(tmp_path: Path) -> None:
         assert cm.plain_step_ms(c, warm=False) == pytest.approx(PLAIN_MS[c], rel=1e-6)
         assert cm.spec_step_ms(c, *SHAPE, tau=tau) == pytest.approx(SPEC_MS[c], rel=0.02)
     # modelled acceptance: the measured shape's draws reproduce the rates
-    m = accepted(run, SHAPE)
+    m = run.accept_table(SHAPE)
     for d, (got, a) in enumerate(zip(depth_rates(m.tolist(), 3), want, strict=True), 1):
         reached = int((m >= d - 1).sum())  # within 4 standard errors of a binomial rate
         assert abs(got - a) <= 4 * (a * (1 - a) / reached) ** 0.5, (d, got, a)
     # deeper shapes accept a superset (one draw per depth, shared by every policy)
-    assert (accepted(run, (5, 1, 6)) >= m).all()
-    check_recorded(run, (5, 1, 6), "x")
+    assert (run.accept_table((5, 1, 6)) >= m).all()
+    run.check((5, 1, 6), "x")
     assert any("depths 4..5" in n for n in run.notes)
     # saved, loaded, replayed like a recording (SGLang's arm included)
     run.save(tmp_path / "box")

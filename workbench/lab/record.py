@@ -35,17 +35,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.errors import ConfigError
+from workbench.lab.trees import accepted, check_recorded, num_candidates
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
 
 FORMAT = 1
 SGLANG_DEFAULT_MAX_STEPS = 7  # the deepest chain of SGLang 0.5.23's default adaptive tiers
-
-
-def num_candidates(steps: int, topk: int) -> int:
-    """Candidates a (steps, topk) frontier process creates: K at depth 1, K² per later step."""
-    return topk + (steps - 1) * topk * topk
 
 
 @dataclass
@@ -72,6 +68,14 @@ class RecordedRun:
     @property
     def output_lens(self) -> list[int]:
         return [len(o) for o in self.outputs]
+
+    def accept_table(self, shape: Sequence[int]) -> np.ndarray:
+        """(P,) greedy accepted draft tokens of ``shape`` at every tree row (exact)."""
+        return accepted(self, shape)
+
+    def check(self, shape: Sequence[int], where: str) -> tuple[int, int, int]:
+        """``shape`` if the run recorded it (errors name ``where``)."""
+        return check_recorded(self, shape, where)
 
     @property
     def steps_for(self) -> dict[int, int]:

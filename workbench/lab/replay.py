@@ -23,7 +23,6 @@ from workbench.errors import ConfigError
 from workbench.lab.arms import ArmInputs, make_policy, policy_shapes, split_policies
 from workbench.lab.record import RecordedRun
 from workbench.lab.sim import LevelResult, Oracle, Simulator
-from workbench.lab.trees import check_recorded
 from workbench.policy.costmodel import Acceptance, CostModel
 from workbench.policy.policies import Always, Shape, depth_rates, tree_shape_problem
 
@@ -109,7 +108,7 @@ def replay(run: Run, policies: str | Sequence[str], levels: Sequence[int],
     for name in order:  # build (and check) every policy before the first replay
         pol = make_policy(name, inputs)
         for shape in policy_shapes(pol, run.shape):
-            check_recorded(run, shape, f"--policy {name}")
+            run.check(shape, f"--policy {name}")
         built[name] = pol
     sim = Simulator(run, cm, run.shape, max_batch=max_batch)
     results: dict[tuple[str, int], LevelResult] = {}

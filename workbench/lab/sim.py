@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from workbench.lab.trees import accepted
 from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Decision, PolicyContext, Shape, shape_name
 
@@ -188,7 +187,7 @@ class Simulator:
                     d = policy.decide(pctx)
                 specs = [q for q in decode if q.left > 1] if d.speculate else []
                 if specs:
-                    m = accepted(run, d.shape)
+                    m = run.accept_table(d.shape)
                     ms_steps = [int(m[q.off + q.j]) for q in specs]
                     catchup = cm.draft_ms(sum(q.lag for q in specs), ctx) \
                         if any(q.lag for q in specs) else 0.0
@@ -257,7 +256,7 @@ class Simulator:
         if not specs:
             return b, cm.plain_step_ms(b, ctx, warm=False) + extend, 0.0
         s, k, n = shape  # type: ignore[misc]
-        m = accepted(self.run, shape)
+        m = self.run.accept_table(shape)
         em = [min(int(m[q.off + q.j]) + 1, q.left) for q in specs]
         lag = sum(q.lag for q in specs)
         catchup = cm.draft_ms(lag, ctx) if lag else 0.0

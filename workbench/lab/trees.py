@@ -12,15 +12,23 @@ cut there (only the last step of a request can reach it, where the cut applies a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from workbench.core import DraftTree
 from workbench.errors import ConfigError
-from workbench.lab.record import RecordedRun, num_candidates
 from workbench.policy.policies import Shape, check_shape, shape_name
 from workbench.speculative.tree import build_tree
+
+if TYPE_CHECKING:
+    from workbench.lab.record import RecordedRun
+
+
+def num_candidates(steps: int, topk: int) -> int:
+    """Candidates a (steps, topk) frontier process creates: K at depth 1, K² per later step."""
+    return topk + (steps - 1) * topk * topk
 
 
 def check_recorded(run: RecordedRun, shape: Sequence[int], where: str) -> Shape:
