@@ -69,7 +69,7 @@ class ForwardClock:
                               "total_ms": 1e3 * (time.perf_counter() - t0), **self._cur})
             return out
 
-        self.engine.step = timed_step
+        setattr(self.engine, "step", timed_step)  # noqa: B010 (instance wrapper, undone on exit)
         self._undo.append((self.engine, "step"))
         return self
 
