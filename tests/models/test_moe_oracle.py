@@ -179,3 +179,14 @@ def test_unsupported_options_refused_naming_the_field(tmp_path: Path, family: st
         load_target(folder)
     with pytest.raises(wb.EngineInitError, match=rf"config\.{field}"):
         wb.Engine.from_pretrained(folder)
+
+
+def test_thread_timing_pass_runs_on_a_moe_target(tmp_path: Path) -> None:
+    """engine.contention times thread counts on a busy machine with one GEMM pass per shape:
+    a MoE target gives its own (the dense forward; its GEMM list depends on the routing)."""
+    from workbench.engine.contention import gemm_pass
+
+    model, _, _ = load_target(write_random_moe(tmp_path / "m", "deepseek_v3"))
+    run = gemm_pass(model, 16)
+    run()
+    assert model.routing()  # the pass routed real tokens through the experts

@@ -183,7 +183,10 @@ def gemm_pass(target: Any, m: int) -> Callable[[], None]:
     """One pass over every GEMM of the target at ``m`` rows, with its prepared inference
     weights as they stand (no copy, no KV touched: safe while requests run)."""
     from workbench.models.gemm import gemm_ops
+    from workbench.models.moe_model import MoeForCausalLM
 
+    if isinstance(target, MoeForCausalLM):  # routed experts: no fixed GEMM list to replay
+        return target.gemm_pass(m)
     if target._fast is None:
         target.fuse(target.gemm)
     lin, lin_add = gemm_ops(target.gemm)

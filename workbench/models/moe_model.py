@@ -12,7 +12,7 @@ declares what it does not: oneDNN-packed weights, the Inductor-compiled step and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +94,20 @@ class MoeForCausalLM(nn.Module):
                 layer.self_attn.fuse()
             layer.ffn.fuse()
         self.gemm = "dense"
+
+    def gemm_pass(self, m: int) -> Callable[[], None]:
+        """A timing pass for thread-count measurements (``engine.contention``): the dense
+        forward over ``m`` fixed tokens (every GEMM a forward of m rows runs, the experts its
+        routing picks; no KV touched, so safe while requests run)."""
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, self.config.vocab_size, (1, m), generator=g).to(
+            self.lm_head.weight.device)
+
+        def run() -> None:
+            with torch.inference_mode():
+                self.forward_dense(ids)
+
+        return run
 
     def moe_layers(self) -> list[int]:
         return [i for i, layer in enumerate(self.model.decoder_layers())
