@@ -110,6 +110,17 @@ def _ids_gen(c: Ctx) -> list[str]:
     return ["generate", "--model", str(c.target), "--prompt", "def f("]
 
 
+def _without_chat_template(engine: wb.Engine, fn: Callable[[], object]) -> object:
+    """``fn()`` with the engine's tokenizer stripped of its chat template (train-target writes
+    one into the workbench's own models; a user model may have none)."""
+    tok = engine.tokenizer
+    saved, tok.chat_template = tok.chat_template, None
+    try:
+        return fn()
+    finally:
+        tok.chat_template = saved
+
+
 CASES: dict[str, Case] = {
     # -- SamplingParams ------------------------------------------------------------------------
     "sampling temperature negative": api(lambda c: SP(temperature=-0.1), wb.RequestError,
@@ -176,7 +187,8 @@ CASES: dict[str, Case] = {
     "prompt bool id": api(lambda c: c.engine.add_request([True, 2]), wb.RequestError,
                           "^prompt: token ids must be integers, got True"),
     "prompt chat without template": api(
-        lambda c: c.engine.add_request([{"role": "user", "content": "hi"}]), wb.RequestError,
+        lambda c: _without_chat_template(c.engine, lambda: c.engine.add_request(
+            [{"role": "user", "content": "hi"}])), wb.RequestError,
         "^prompt: chat messages given but the tokenizer has no chat template"),
     "prompt longer than the context": api(
         lambda c: c.engine.add_request([1] * c.engine.max_model_len), wb.RequestError,

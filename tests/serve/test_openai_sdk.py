@@ -1,6 +1,6 @@
 """The ``openai`` SDK, unchanged, against ``workbench serve``: completions (plain, streaming with
 include_usage, logprobs, echo, n=2, a list of prompts) and chat completions (a tokenizer given
-a chat template of its own here; the micro model's has none → a 400 naming it)."""
+a chat template of its own here; a model without one → a 400 naming it)."""
 
 from __future__ import annotations
 
@@ -141,10 +141,21 @@ def test_n_and_batched_prompts(client: openai.OpenAI, solo) -> None:
     assert [texts[0], texts[1]] == [c.text for c in a.choices]
 
 
-def test_chat_without_template_names_it(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="model", max_tokens=4,
-                                       messages=[{"role": "user", "content": "hi"}])
+def test_chat_without_template_names_it(micro_target: Path, serve_head: Path,
+                                        tmp_path: Path) -> None:
+    """A user model whose tokenizer has no chat template (the workbench's own models ship
+    one): chat is a 400 naming messages and the missing template."""
+    folder = tmp_path / "model"
+    shutil.copytree(micro_target, folder)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg.pop("chat_template")  # train-target writes one
+    cfg_path.write_text(json.dumps(cfg))
+    with serving(folder, serve_head) as handle:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="model", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hi"}])
     err = e.value.body
     assert err["field"] == "messages" and "chat template" in err["message"]
 

@@ -105,6 +105,35 @@ def test_bench_serving_runs_against_workbench_serve(served: str, tmp_path: Path)
     assert printed and float(printed.group(1)) == pytest.approx(server_tau, abs=0.005)
 
 
+def _bench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([str(_client_python()), "-W", "ignore", "-m", "sglang.bench_serving",
+                           *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_shortest_command_asks_the_server(served: str, tmp_path: Path) -> None:
+    """No --model, no --tokenizer: bench_serving names the model from /v1/models and loads
+    the tokenizer /model_info names (an absolute path: it runs from another directory here)."""
+    run = _bench(["--backend", "sglang", "--base-url", served, "--dataset-name", "random-ids",
+                  "--num-prompts", "4", "--random-input-len", "32", "--random-output-len", "8"],
+                 tmp_path)
+    assert run.returncode == 0, f"bench_serving failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert re.search(r"Successful requests:\s+4\b", run.stdout), run.stdout[-2000:]
+    assert "model='wb-target'" in run.stdout and "tokenizer=None" in run.stdout
+
+
+def test_chat_backend_with_flush_cache(served: str, tmp_path: Path) -> None:
+    """``--backend sglang-oai-chat`` renders with the shipped chat template on the server;
+    ``--flush-cache`` calls /flush_cache after the warmup."""
+    run = _bench(["--backend", "sglang-oai-chat", "--base-url", served, "--dataset-name",
+                  "random-ids", "--num-prompts", "4", "--random-input-len", "32",
+                  "--random-output-len", "8", "--flush-cache"], tmp_path)
+    assert run.returncode == 0, f"bench_serving failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    assert re.search(r"Successful requests:\s+4\b", run.stdout), run.stdout[-2000:]
+
+
 def test_workbench_bench_reads_exact_rounds(served: str) -> None:
     """``bench --url``: per-round accept lengths from spec_correct_drafts_histogram add up to
     the server's own verify and acceptance counters over the same requests (plus its plain

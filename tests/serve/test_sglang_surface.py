@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def test_model_info_has_sglang_fields(http, server) -> None:
         assert r.status_code == 200, r.text
         info = r.json()
         assert info["model_path"] == str(server.engine.model_path)
-        assert info["tokenizer_path"] == str(server.engine.model_path)
+        assert info["tokenizer_path"] == str(Path(server.engine.model_path).resolve())
         assert info["is_generation"] is True and info["weight_version"] == "default"
         assert info["architectures"] == ["LlamaForCausalLM"] and info["model_type"] == "llama"
         assert {"served_model_name", "preferred_sampling_params", "load_format",

@@ -7,11 +7,12 @@
   ``preferred_sampling_params``, ``weight_version``, ``load_format``, ``reasoning_parser``,
   ``tool_call_parser``, ``disaggregation_mode``, ``has_image_understanding``,
   ``has_audio_understanding``, ``model_type``, ``architectures``;
-- ``GET|POST /flush_cache``: SGLang frees its prefix (radix) cache, and refuses (400) while
-  requests are running or waiting. The workbench keeps no prefix cache (a finished request's KV
-  pages go back to the pool when it finishes), so there is nothing held between requests: it
-  answers 200 when the engine is idle (returning cached allocator memory to the device on CUDA)
-  and 400 while requests are live, as upstream;
+- ``GET|POST /flush_cache[?timeout=s]``: SGLang frees its prefix (radix) cache, and refuses
+  (400) while requests are running or waiting after waiting up to ``timeout`` seconds for them
+  (``bench_serving`` flushes after its warmup). The workbench keeps no prefix cache (a
+  finished request's KV pages go back to the pool when it finishes), so nothing is held
+  between requests: it answers 200 when the engine is idle (returning cached allocator memory
+  to the device on CUDA) and 400 while requests are live, as upstream;
 - ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts every live ``/generate`` request whose
   id starts with ``rid`` (upstream's scheduler matches by prefix, so a batch's ``rid`` aborts its
   ``"<rid>_<i>"`` items), or every live request of any route with ``abort_all``; an empty rid
@@ -21,7 +22,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +37,8 @@ from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
 
+MAX_FLUSH_WAIT_S = 600.0
+
 
 def model_info(engine: Engine, name: str) -> dict[str, Any]:
     """SGLang's ``/model_info`` for ``engine`` served as ``name``."""
@@ -44,7 +49,8 @@ def model_info(engine: Engine, name: str) -> dict[str, Any]:
     return {
         "model_path": str(folder),
         "served_model_name": name,
-        "tokenizer_path": str(folder) if has_tokenizer else None,
+        # absolute: a client on this machine loads it whatever its working directory
+        "tokenizer_path": str(folder.resolve()) if has_tokenizer else None,
         "is_generation": True,
         "preferred_sampling_params": None,
         "weight_version": "default",
@@ -110,8 +116,22 @@ def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any]
         return info
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache() -> Any:
-        why = await st.call(_flush)
+    async def flush_cache(request: Request) -> Any:
+        raw = request.query_params.get("timeout", "0")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise HTTPError(f"timeout: expected a number of seconds, got {raw!r}",
+                            "timeout") from None
+        if not 0 <= timeout <= MAX_FLUSH_WAIT_S:
+            raise HTTPError(f"timeout: must be in [0, {MAX_FLUSH_WAIT_S}] seconds, got {raw}",
+                            "timeout")
+        deadline = time.monotonic() + timeout
+        while True:
+            why = await st.call(_flush)
+            if why is None or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
         if why is not None:
             return PlainTextResponse(why, status_code=400)
         return PlainTextResponse("Cache flushed.\nThe workbench keeps no prefix cache: no KV is "

@@ -62,6 +62,18 @@ Held-out prompts (`data/prompts/heldout.jsonl`), greedy, bs=1, float32; arms int
 prompt in one run. Command: `{commands.get('bench', '')}`
 
 {_bench_table(bench)}
+## Chat template
+
+`tokenizer_config.json` carries a chat template, so chat clients (the `openai` SDK's chat, LangChain
+`ChatOpenAI`, LiteLLM, SGLang's `bench_serving --backend sglang-oai-chat`) work against
+`workbench serve` out of the box. The model only ever saw Python source, so a conversation is
+rendered as Python: each system/user message becomes a comment (`# user: ...`, every line of it
+commented), each assistant turn is `# assistant:` on its own line followed by its content, and the
+generation prompt is that same `# assistant:` line, so a reply is the model continuing with code
+(it was not trained to chat: expect Python, not answers). For example
+`[{{"role": "user", "content": "sort a list"}}]` renders as `# user: sort a list\n# assistant:\n`.
+The template is `workbench.train.target.CHAT_TEMPLATE`; `train-target` writes it.
+
 ## Held-out files
 
 {', '.join(f'`{h}`' for h in held)}

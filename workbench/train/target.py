@@ -140,6 +140,23 @@ def prepare_data(cfg: TargetTrainConfig) -> tuple[object, np.ndarray, np.ndarray
     return tok, train, held, held_names
 
 
+# The chat template written into the workbench's own models' tokenizer_config.json, so chat
+# clients (OpenAI chat, LangChain ChatOpenAI, LiteLLM) work against ``workbench serve``. The
+# models are trained on Python source only, so a conversation is rendered as Python: every
+# non-assistant message is a comment ("# user: ..."; each of its lines commented), every
+# assistant turn is "# assistant:" on a line of its own and then its content as code. The
+# generation prompt is that same header, so a reply is the model continuing with code.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{ '# assistant:\\n' + message['content'] + '\\n' }}"
+    "{%- else -%}"
+    "{{ '# ' + message['role'] + ': ' + message['content'] | replace('\\n', '\\n# ') + '\\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '# assistant:\\n' }}{%- endif -%}")
+
+
 def save_hf_folder(model: LlamaForCausalLM, tok: object, out: Path, mcfg: ModelConfig) -> None:
     """config.json, model.safetensors, tokenizer files, generation_config.json."""
     out.mkdir(parents=True, exist_ok=True)
@@ -153,6 +170,7 @@ def save_hf_folder(model: LlamaForCausalLM, tok: object, out: Path, mcfg: ModelC
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS,
         "unk_token": EOS, "model_max_length": mcfg.max_position_embeddings,
         "add_bos_token": False, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
     }, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": eos, "eos_token_id": eos, "do_sample": False}, indent=2) + "\n")
