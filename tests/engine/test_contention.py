@@ -219,3 +219,23 @@ def test_quiet_machine_keeps_all_cores(threads: None, micro_target: Path) -> Non
         assert e.contention is None and "contention='off'" in e.choices["threads"]["note"]
     with pytest.raises(wb.ConfigError, match="EngineConfig.contention"):
         wb.EngineConfig(contention="sometimes")  # type: ignore[arg-type]
+
+
+def test_a_second_engine_sees_the_process_thread_count(
+        threads: None, machine_conditions: dict[str, float], micro_target: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench concurrency builds one engine per arm in one process: the first engine's
+    adaptation to one thread must not make the next believe the machine has one core."""
+    monkeypatch.setattr(contention, "PROCESS_THREADS", 2)
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+                        {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    machine_conditions["others"] = 1.2
+    with wb.Engine.from_pretrained(micro_target) as a, \
+            wb.Engine.from_pretrained(micro_target) as b:
+        assert torch.get_num_threads() == 1
+        for e in (a, b):
+            assert e.choices["threads"]["candidates"] == ["2", "1"]
+            assert e.contention is not None and e.contention.default == 2
+    machine_conditions["others"] = 0.0  # quiet: the next engine takes every core again
+    with wb.Engine.from_pretrained(micro_target) as c:
+        assert c.choices["threads"]["choice"] == "2" and torch.get_num_threads() == 2

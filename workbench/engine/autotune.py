@@ -362,6 +362,8 @@ def decide_threads(runner: ModelRunner) -> Choice:
         why = "contention='off'" if runner.config.contention == "off" else "not a CPU engine"
         return Choice("threads", str(threads), "only", (str(threads),),
                       note=f"torch default ({why})")
+    # the process's thread count, not what another engine of this process adapted it to
+    threads = max(threads, contention.PROCESS_THREADS)
     if threads == 1:
         return Choice("threads", "1", "only", ("1",), note="one thread: nothing to adapt")
     t0 = time.perf_counter()
@@ -370,6 +372,7 @@ def decide_threads(runner: ModelRunner) -> Choice:
     cond = contention.between(a, contention.cpu_sample())
     cond_d = {**cond.to_dict(), "cpu": cpu_model()}
     if not cond.contended:
+        torch.set_num_threads(threads)
         return Choice("threads", str(threads), "only", (str(threads),),
                       seconds=time.perf_counter() - t0, conditions=cond_d,
                       note=f"all cores: the machine is {cond.describe()}; re-measured when "

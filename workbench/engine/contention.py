@@ -51,6 +51,9 @@ BACKOFF_S = (2.0, 60.0)  # first and longest wait after a measurement confirmed 
 THREADS_BUDGET_S = 0.3  # one thread-count measurement (turns of decode and verify passes)
 LOOK_S = 0.15  # the init stage's look at the machine (a window of 15 ticks at 100 Hz)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# torch's thread count when this module loaded (OMP_NUM_THREADS or all cores): what "all
+# cores" means for every engine of the process, whatever another engine adapted it to since
+PROCESS_THREADS = torch.get_num_threads()
 
 
 @dataclass(frozen=True)
