@@ -178,7 +178,8 @@ ok = int(check.within_10pct.sum())
 err = check.ratio_error.abs()
 P.say(f"The replayed ratio is within ±10 % of the measured one in {ok} of {len(check)} cells "
       f"(largest miss {err.max():.1%}, {check.loc[err.idxmax(), 'policy']} at c = "
-      f"{int(check.loc[err.idxmax(), 'concurrency'])}); one real repeat per cell, load "
+      f"{int(check.loc[err.idxmax(), 'concurrency'])}); one real repeat per cell, the arms "
+      f"back to back on one engine, load "
       f"{load_before[0] if load_before else 'n/a'} → {load_after[0] if load_after else 'n/a'} "
       f"on {os.cpu_count()} cores. Greedy acceptance is exact; the misses are step times.")
 

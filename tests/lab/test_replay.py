@@ -205,23 +205,31 @@ def test_decision_shapes_checked_before_replay(recorded: RecordedRun) -> None:
 def test_anchored_step_model(lab_engine, lab_prompts: list[str]) -> None:
     """Measured steps are the anchors: the model gives them back at the measured batches
     (shape, τ and context as measured), interpolates between them, keeps its type through a
-    save and a policy's copy, and moves only by the component difference for other shapes."""
+    save and a policy's copy, and prices an unmeasured shape from the nearest measured one
+    plus the component difference."""
     from workbench.lab.stepfit import AnchoredCostModel, cost_model_from_dict, fit_step_model
 
     cm = fit_step_model(lab_engine, lab_prompts, (3, 2, 6), contexts=(64,), batches=(1, 2),
                         tokens=10)
     a = cm.anchors
-    assert a["batches"] == [1, 2] and a["shape"] == [3, 2, 6] and min(a["samples"]) > 0
+    assert a["batches"] == [1, 2] and min(a["plain_samples"]) > 0
+    assert set(a["shapes"]) == {"S3K2N6", "S3K1N4"}  # the recorded shape and its chain
     for i, b in enumerate(a["batches"]):
-        assert cm.plain_step_ms(b, a["context"][i], warm=False) == pytest.approx(a["plain"][i])
-        assert cm.spec_step_ms(b, 3, 2, 6, tau=a["tau"][i], context=a["context"][i]) == \
-            pytest.approx(a["spec"][i])
-    mid = cm.plain_step_ms(1.5, float(np.interp(1.5, [1, 2], a["context"])), warm=False)
+        assert cm.plain_step_ms(b, a["plain_context"][i], warm=False) == \
+            pytest.approx(a["plain"][i])
+    for m in a["shapes"].values():
+        for i, b in enumerate(m["batches"]):
+            assert cm.spec_step_ms(b, *m["shape"], tau=m["tau"][i], context=m["context"][i]) \
+                == pytest.approx(m["spec"][i])
+    mid = cm.plain_step_ms(1.5, float(np.interp(1.5, [1, 2], a["plain_context"])), warm=False)
     assert mid == pytest.approx((a["plain"][0] + a["plain"][1]) / 2, rel=1e-6)
     back = cost_model_from_dict(json.loads(json.dumps(cm.to_dict())))
     assert isinstance(back, AnchoredCostModel) and back.anchors == cm.anchors
     assert isinstance(cm.copy(), AnchoredCostModel)
-    d = (cm.spec_step_ms(1, 2, 1, 3, tau=2.0, context=a["context"][0])
-         - cm.spec_step_ms(1, 3, 2, 6, tau=2.0, context=a["context"][0]))
-    assert d == pytest.approx(cm._components(1, (2, 1, 3), 2.0, a["context"][0])
-                              - cm._components(1, (3, 2, 6), 2.0, a["context"][0]))
+    # S2K1N3 was not measured: priced from the measured chain S3K1N4 plus the difference
+    ref = a["shapes"]["S3K1N4"]
+    assert cm.anchor_for((2, 1, 3)) is ref
+    ctx, tau = ref["context"][0], ref["tau"][0]
+    assert cm.spec_step_ms(1, 2, 1, 3, tau=2.0, context=ctx) == pytest.approx(
+        ref["spec"][0] + cm._components(1, (2, 1, 3), 2.0, ctx)
+        - cm._components(1, (3, 1, 4), tau, ctx))

@@ -272,13 +272,12 @@ class Simulator:
         tokens = sum(q.length for q in done)
         tpot = [(q.times[-1] - q.first) / (q.length - 1) for q in done if q.length > 1]
         itl = [float(g) for q in done for g in np.diff(q.times) if g > 0]
-        decode_steps = [st for st in steps]
-        spec_steps = sum(1 for st in decode_steps if st[1] != "off")
+        spec_steps = sum(1 for st in steps if st[1] != "off")
         return {"concurrency": c, "requests": len(done), "tokens": tokens,
                 "seconds": clock / 1e3, "tok_s": 1e3 * tokens / clock if clock else math.nan,
                 "tau": float(np.mean(emitted)) if emitted else 1.0,
-                "spec_fraction": spec_steps / max(1, len(decode_steps)),
-                "decode_steps": len(decode_steps),
+                "spec_fraction": spec_steps / max(1, len(steps)),
+                "decode_steps": len(steps),
                 "tpot_p50_ms": float(np.percentile(tpot, 50)) if tpot else math.nan,
                 "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else math.nan,
                 "itl_p50_ms": float(np.percentile(itl, 50)) if itl else math.nan,

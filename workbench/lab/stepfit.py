@@ -78,14 +78,16 @@ class AnchoredCostModel(CostModel):
     (``threshold:auto``, Goodput) and the replay read it through ``plain_step_ms`` /
     ``spec_step_ms`` like any CostModel.
 
-    ``anchors``: ``batches``, ``plain`` (ms of a cold plain step: measured warm steps less the
-    draft extend's component), ``spec`` (ms), ``tau`` (tokens a speculating request committed
-    per step there), ``context`` (mean KV length there), ``shape``."""
+    ``anchors``: ``batches``, ``plain`` (ms of a cold plain step at each), ``plain_context``
+    (mean KV length there), ``shapes``: per measured shape name (``S5K4N16``) its ``shape``,
+    ``batches``, ``spec`` (ms), ``tau`` (tokens a speculating request committed per step
+    there) and ``context``. A shape that was not measured is priced from the nearest measured
+    one (same top-k first, then the closest S and N) plus the component difference."""
 
     anchors: dict[str, Any] = field(default_factory=dict)
 
-    def _at(self, key: str, batch: float) -> float:
-        xs, ys = self.anchors["batches"], self.anchors[key]
+    @staticmethod
+    def _interp(xs: Sequence[float], ys: Sequence[float], batch: float) -> float:
         if len(xs) == 1:
             return float(ys[0])
         if batch >= xs[-1]:
@@ -98,22 +100,31 @@ class AnchoredCostModel(CostModel):
         return (self.target_ms(batch * n, ctx) + (s - 1) * self.draft_ms(batch * k, ctx)
                 + self.draft_ms(batch * tau, ctx))
 
+    def anchor_for(self, shape: Sequence[int]) -> dict[str, Any]:
+        """The measured shape a speculative step of ``shape`` is priced from."""
+        s, k, n = shape
+        measured = list(self.anchors["shapes"].values())
+        return min(measured, key=lambda a: (a["shape"] != list(shape), a["shape"][1] != k,
+                                            abs(a["shape"][0] - s) + abs(a["shape"][2] - n)))
+
     def plain_step_ms(self, batch: int, context: float = 0.0, warm: bool = True,
                       scaled: bool = True) -> float:
-        ctx0 = self._at("context", batch)
-        ms = self._at("plain", batch) + self.target_ms(batch, context) - \
-            self.target_ms(batch, ctx0)
+        a = self.anchors
+        ctx0 = self._interp(a["batches"], a["plain_context"], batch)
+        ms = self._interp(a["batches"], a["plain"], batch) + self.target_ms(batch, context) \
+            - self.target_ms(batch, ctx0)
         if warm:
             ms += self.draft_ms(batch, context)
         return max(ms, 1e-6) * (self.scale["plain"] if scaled else 1.0)
 
     def spec_step_ms(self, batch: int, num_steps: int, topk: int, num_draft_tokens: int,
                      tau: float = 1.0, context: float = 0.0, scaled: bool = True) -> float:
-        shape0 = self.anchors["shape"]
-        ms = (self._at("spec", batch)
+        a = self.anchor_for((num_steps, topk, num_draft_tokens))
+        xs = a["batches"]
+        ms = (self._interp(xs, a["spec"], batch)
               + self._components(batch, (num_steps, topk, num_draft_tokens), tau, context)
-              - self._components(batch, shape0, self._at("tau", batch),
-                                 self._at("context", batch)))
+              - self._components(batch, a["shape"], self._interp(xs, a["tau"], batch),
+                                 self._interp(xs, a["context"], batch)))
         return max(ms, 1e-6) * (self.scale["spec"] if scaled else 1.0)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,39 +146,55 @@ def anchored(base: CostModel, anchors: dict[str, Any]) -> AnchoredCostModel:
     return AnchoredCostModel(**kw, anchors=anchors)
 
 
+def anchor_shapes(shape: Shape) -> list[Shape]:
+    """The shapes measured by default: the recorded one, its chain and a 3-step chain (the
+    bench's goodput candidates; SGLang's and vLLM's arms run chains)."""
+    s = shape[0]
+    return list(dict.fromkeys([shape, (s, 1, s + 1), (min(3, s), 1, min(3, s) + 1)]))
+
+
 def fit_step_model(engine: Engine, prompts: Sequence[str], shape: Shape,
                    contexts: Sequence[int] = (128, 384), batches: Sequence[int] = BATCHES,
-                   tokens: int = 48) -> AnchoredCostModel:
+                   tokens: int = 48,
+                   shapes: Sequence[Shape] | None = None) -> AnchoredCostModel:
     """The step-time model of the module doc: ``calibrate``'s components, and whole steps
-    measured on ``prompts`` at ``batches`` as the anchors."""
+    measured on ``prompts`` at ``batches`` as the anchors: plain steps, and speculative ones
+    at every shape of ``shapes`` (default :func:`anchor_shapes`)."""
     from workbench.config import SpecConfig
 
     comp = calibrate(engine, shape=shape, contexts=contexts, steps=False)
-    s, k, n = shape
-    rows: dict[int, dict[str, list[float]]] = {}
+    plain: dict[int, list[tuple[float, float]]] = {}
+    spec: dict[tuple[int, ...], dict[int, list[tuple[float, float, float]]]] = {}
+    s0, k0, n0 = shape
     for b in batches:
         if b > engine.config.max_batch_size:
             continue
-        got = rows.setdefault(b, {"plain": [], "spec": [], "tau": [], "context": []})
-        for spec in (SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=Never(),
-                                draft_state="cold"),
-                     SpecConfig(num_steps=s, topk=k, num_draft_tokens=n, policy=Always(),
-                                draft_state="auto")):
-            for batch, ctx, ms, d, acc in _steps(engine, prompts, spec, b, tokens):
-                if batch != b:
-                    continue  # a request finished early: not this batch size
-                if d.speculate and len(acc) == b:
-                    got["spec"].append(ms)
-                    got["tau"].append(sum(a + 1 for a in acc) / b)
-                    got["context"].append(ctx)
-                elif not d.speculate:
-                    got["plain"].append(ms)
-    done = sorted(b for b, v in rows.items() if v["plain"] and v["spec"])
-    if not done:
-        raise ConfigError("fit_step_model: no batch size ran both a plain and a speculative "
-                          "step (prompts too short for the tokens asked?)")
-    anchors = {"shape": list(shape), "batches": done,
-               **{key: [float(np.median(rows[b][key])) for b in done]
-                  for key in ("plain", "spec", "tau", "context")},
-               "samples": [len(rows[b]["spec"]) + len(rows[b]["plain"]) for b in done]}
+        off = SpecConfig(num_steps=s0, topk=k0, num_draft_tokens=n0, policy=Never(),
+                         draft_state="cold")
+        for batch, ctx, ms, d, _ in _steps(engine, prompts, off, b, tokens):
+            if batch == b and not d.speculate:  # (a request that finished early: not b)
+                plain.setdefault(b, []).append((ms, ctx))
+        for sh in shapes or anchor_shapes(shape):
+            on = SpecConfig(num_steps=sh[0], topk=sh[1], num_draft_tokens=sh[2],
+                            policy=Always(), draft_state="auto")
+            for batch, ctx, ms, d, acc in _steps(engine, prompts, on, b, tokens):
+                if batch == b and d.speculate and len(acc) == b:
+                    spec.setdefault(tuple(sh), {}).setdefault(b, []).append(
+                        (ms, sum(x + 1 for x in acc) / b, ctx))
+    done = sorted(plain)
+    if not done or not spec:
+        raise ConfigError("fit_step_model: no plain or no speculative step measured (prompts "
+                          "too short for the tokens asked?)")
+    measured = {}
+    for key_shape, by in spec.items():
+        bs = sorted(by)
+        measured["S{}K{}N{}".format(*key_shape)] = {
+            "shape": list(key_shape), "batches": bs,
+            **{key: [float(np.median([r[i] for r in by[b]])) for b in bs]
+               for i, key in enumerate(("spec", "tau", "context"))},
+            "samples": [len(by[b]) for b in bs]}
+    anchors = {"batches": done, "plain": [float(np.median([r[0] for r in plain[b]]))
+                                          for b in done],
+               "plain_context": [float(np.median([r[1] for r in plain[b]])) for b in done],
+               "plain_samples": [len(plain[b]) for b in done], "shapes": measured}
     return anchored(comp, anchors)
