@@ -41,6 +41,7 @@ def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
 
+
 @pytest.fixture(autouse=True)
 def machine_conditions(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
     """The machine's load is an input of the provisional-choice rule (engine/contention.py):
