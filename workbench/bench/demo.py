@@ -36,7 +36,7 @@ def run(ns: argparse.Namespace) -> int:
     first = engine.generate([prompts[0]], wb.SamplingParams(max_new_tokens=48),
                             spec=wb.SpecConfig() if has_draft else None)[0]
     print("\n--- sample (EAGLE-3) ---\n" + prompts[0][-200:] + first.text + "\n---\n")
-    arms = None
+    arms: dict[str, wb.SpecConfig | None] | None = None
     if not has_draft:
         arms = {"baseline": None}
     res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=ns.max_new_tokens)
