@@ -63,8 +63,9 @@ def add_parser(sub: Any) -> None:
                         "(level, arm) cell, arm order rotated); means with 95%% confidence "
                         "intervals reported")
     b.add_argument("--strict", action="store_true",
-                   help="exit 2 when the run is flagged (load > cores, self-inconsistent "
-                        "numbers: workbench.bench.sanity)")
+                   help="exit 2 when the run is flagged (load > cores, a busy machine, an "
+                        "engine choice measured under contention (provisional), "
+                        "self-inconsistent numbers: workbench.bench.sanity)")
     b.add_argument("--engine", default="", metavar="KEY=VALUE,...",
                    help="EngineConfig overrides, e.g. gemm=dense,compile=off,threads=2 "
                         "(forced choices instead of the measured 'auto')")
