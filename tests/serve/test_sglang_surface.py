@@ -205,3 +205,44 @@ def test_stop_regex_equals_the_engine(http, server, reference_engine) -> None:
     r = http.post("/generate", json={"text": prompt, "sampling_params": {
         "stop_regex": "(?=x)"}})
     assert r.status_code == 400 and r.json()["error"]["field"] == "sampling_params.stop_regex"
+
+
+def test_a_rid_in_use_is_refused_and_frees_nothing_of_the_other(http, server, solo) -> None:
+    """Two live requests may not share a rid (abort_request could not tell them apart): the
+    second is a 400 naming rid, admitted or not, and the first finishes untouched."""
+    got: dict[str, object] = {}
+    body = {"text": TEXT_PROMPTS[1], "rid": "dup",
+            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}}
+
+    def run() -> None:
+        got["r"] = http.post("/generate", json=body)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while server.loop.num_running < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for second in (body, {**body, "text": ["a", "b"], "rid": ["x", "dup"]}):
+        r = http.post("/generate", json=second)
+        assert r.status_code == 400 and r.json()["error"]["field"] == "rid", r.text
+    t.join(60)
+    first = got["r"]
+    assert first.status_code == 200 and first.json()["output_ids"] == \
+        solo(TEXT_PROMPTS[1], 60).token_ids
+    assert server.wait_idle() and server.kv_usage()["used_blocks"] == 0
+
+
+def test_rids_taken_during_admission_abort_the_newcomers() -> None:
+    """The race the route cannot see up front: a rid taken while a request was being
+    admitted. Registration is all or none and aborts the newcomers' tickets."""
+    from workbench.serve.protocol import HTTPError
+    from workbench.serve.sglang_admin import LiveRids
+
+    live = LiveRids()
+    old, new1, new2 = object(), object(), object()
+    live.add(["a"], [old], lambda t: None)  # type: ignore[list-item]
+    aborted: list[object] = []
+    with pytest.raises(HTTPError) as e:
+        live.add(["b", "a"], [new1, new2], aborted.append)  # type: ignore[list-item]
+    assert e.value.field == "rid" and aborted == [new1, new2]
+    assert live.matching("") == [old]

@@ -84,10 +84,17 @@ class LiveRids:
     def __init__(self) -> None:
         self._tickets: dict[str, Ticket] = {}
 
-    def add(self, rid: str, ticket: Ticket) -> None:
-        if rid in self._tickets:
-            raise HTTPError(f"rid: {rid!r} is already in use by a live request", "rid")
-        self._tickets[rid] = ticket
+    def add(self, rids: list[str], tickets: list[Ticket], abort: Callable[[Ticket], None]) -> None:
+        """Register admitted requests under their ids, all or none: if an id was taken while
+        they were being admitted (a concurrent request with the same rid), every one of them is
+        aborted and the 400 names ``rid``."""
+        try:
+            self.check_free(rids)
+        except HTTPError:
+            for t in tickets:
+                abort(t)
+            raise
+        self._tickets.update(zip(rids, tickets, strict=True))
 
     def check_free(self, rids: list[str]) -> None:
         if len(set(rids)) != len(rids):

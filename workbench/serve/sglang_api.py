@@ -122,7 +122,7 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
         rid = parsed.rid or uuid.uuid4().hex
         live.check_free([rid])
         ticket, sink, adm = await st.admit(parsed)
-        live.add(rid, ticket)
+        live.add([rid], [ticket], loop.abort)
         body = response_body(loop.engine, parsed, rid, adm.prompt_tokens, t0)
 
         if not parsed.stream:

@@ -164,8 +164,7 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
         for ticket, _, _ in admitted:
             loop.abort(ticket)
         raise
-    for rid, (ticket, _, _) in zip(rids, admitted, strict=True):
-        live.add(rid, ticket)
+    live.add(rids, [t for t, _, _ in admitted], loop.abort)
     bodies = [body_for(loop.engine, p, rid, n, t0)
               for p, rid, (_, _, n) in zip(parsed, rids, admitted, strict=True)]
 
