@@ -189,6 +189,14 @@ CASES: dict[str, tuple[str, Any, int, str | None]] = {
     "completions stop_regex invalid": ("/v1/completions", {"prompt": "a",
                                                            "stop_regex": "(?<=a)b"}, 400,
                                        "stop_regex"),
+    # SGLang's control routes
+    "abort_request rid number": ("/abort_request", {"rid": 7}, 400, "rid"),
+    "abort_request abort_all string": ("/abort_request", {"abort_all": "yes"}, 400, "abort_all"),
+    "abort_request unknown field": ("/abort_request", {"rid": "x", "kill": True}, 400, "kill"),
+    "abort_request rid of nothing": ("/abort_request", {"rid": "no-such-request"}, 200, None),
+    "flush_cache timeout not a number": ("/flush_cache?timeout=soon", {}, 400, "timeout"),
+    "flush_cache timeout 10**9": ("/flush_cache?timeout=1e9", {}, 400, "timeout"),
+    "flush_cache timeout NaN": ("/flush_cache?timeout=nan", {}, 400, "timeout"),
     # max_new_tokens 0 (prefill only): nothing to stream
     "max_new_tokens 0 streaming": ("/generate", {**gen(max_new_tokens=0), "stream": True}, 400,
                                    "sampling_params.max_new_tokens"),

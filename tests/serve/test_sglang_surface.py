@@ -43,6 +43,36 @@ def test_flush_cache_when_idle(http, server) -> None:
     for method in ("GET", "POST"):
         r = http.request(method, "/flush_cache")
         assert r.status_code == 200 and r.text.startswith("Cache flushed.")
+    assert http.post("/flush_cache?timeout=5").status_code == 200
+
+
+def test_flush_cache_refused_while_requests_run(http, server) -> None:
+    """As upstream: nothing is flushed while requests are live (after waiting up to
+    ``timeout``); once they finish it flushes."""
+    got: dict[str, object] = {}
+
+    def run() -> None:
+        got["r"] = http.post("/generate", json={"text": "a", "sampling_params": {
+            "max_new_tokens": 120, "ignore_eos": True}})
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while server.loop.num_running < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    r = http.post("/flush_cache")
+    assert r.status_code == 400 and "not flushed" in r.text
+    assert http.post("/flush_cache?timeout=60").status_code == 200  # waits for the request
+    t.join(60)
+    assert got["r"].status_code == 200
+
+
+def test_health_generate(http, server) -> None:
+    assert server.wait_idle()
+    before = server.loop.requests_total
+    assert http.get("/health_generate").status_code == 200
+    assert server.loop.requests_total == before + 1  # idle: it generated a token
+    assert server.wait_idle() and server.kv_usage()["used_blocks"] == 0
 
 
 def test_batch_of_texts_equals_the_engine(http, solo) -> None:

@@ -13,6 +13,10 @@
   finished request's KV pages go back to the pool when it finishes), so nothing is held
   between requests: it answers 200 when the engine is idle (returning cached allocator memory
   to the device on CUDA) and 400 while requests are live, as upstream;
+- ``GET /health_generate``: as upstream, proves the engine generates: while requests are
+  running it answers 200 as soon as the engine loop is alive and stepping (upstream ignores the
+  probe then); when idle it generates one token from token id 0 and answers 200, or 503 when
+  the engine loop is down or the token fails;
 - ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts every live ``/generate`` request whose
   id starts with ``rid`` (upstream's scheduler matches by prefix, so a batch's ``rid`` aborts its
   ``"<rid>_<i>"`` items), or every live request of any route with ``abort_all``; an empty rid
@@ -29,9 +33,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.serve.frontend import ServeState
+from workbench.config import SamplingParams
+from workbench.serve.frontend import ServeState, loop_down
 from workbench.serve.loop import Ticket
-from workbench.serve.protocol import HTTPError, check_fields, expect_bool, type_name
+from workbench.serve.protocol import (
+    HTTPError,
+    ParsedRequest,
+    check_fields,
+    expect_bool,
+    type_name,
+)
 from workbench.serve.web import FastAPI, PlainTextResponse, Request, Response
 
 if TYPE_CHECKING:
@@ -113,7 +124,8 @@ class LiveRids:
 
 def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any],
                      live: LiveRids) -> None:
-    """Register /model_info, /get_model_info, /flush_cache and /abort_request on ``app``."""
+    """Register /model_info, /get_model_info, /health_generate, /flush_cache and
+    /abort_request on ``app``."""
     loop = st.loop
     info = model_info(loop.engine, st.name)  # fixed once the engine is built
 
@@ -121,6 +133,23 @@ def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any]
     @app.get("/get_model_info")
     async def get_model_info() -> Any:
         return info
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Any:
+        if loop.error is not None or not loop.alive:
+            raise HTTPError(loop_down(loop), None, 503)
+        if loop.num_running > 0 and loop.heartbeat()["busy_s"] <= st.limits.health_step_s:
+            return Response(status_code=200)  # busy and stepping: the probe is not needed
+        probe = ParsedRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0,
+                                                  ignore_eos=True), False, "input_ids")
+        ticket, sink, _ = await st.admit(probe)
+        c = await st.final(request, ticket, sink)
+        if c is None:
+            return Response(status_code=499)
+        if c.finish_reason != "length" or len(c.token_ids) != 1:
+            raise HTTPError(f"server: the health probe did not generate ({c.finish_reason}: "
+                            f"{c.error})", None, 503)
+        return Response(status_code=200)
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Any:

@@ -1,6 +1,7 @@
 """SGLang-native routes of ``workbench serve``: ``/generate``, ``/health``, ``/server_info``
 (also ``/get_server_info``), ``/metrics`` and ``/v1/models``; the control routes
-(``/model_info``, ``/flush_cache``, ``/abort_request``): :mod:`workbench.serve.sglang_admin`.
+(``/model_info``, ``/health_generate``, ``/flush_cache``, ``/abort_request``):
+:mod:`workbench.serve.sglang_admin`.
 
 ``POST /generate`` takes SGLang 0.5.23's body (:func:`~workbench.serve.protocol.parse_generate`)
 and answers ``{"text", "output_ids", "meta_info"}``, ``meta_info`` as SGLang shapes it
