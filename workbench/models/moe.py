@@ -127,6 +127,19 @@ class SparseMoe(nn.Module):
         e = self.spec.num_experts
         flat = idx.flatten()
         counts = torch.bincount(flat, minlength=e)
+        if x.shape[0] == 1 and self.gate_up is not None and self.down is not None:
+            # one token (a bs=1 decode step): its k experts in turn, no sort/gather/scatter
+            self.last_counts = counts
+            wx = w[0].to(x.dtype)
+            out = None
+            for j, ex in enumerate(flat.tolist()):
+                g, u = F.linear(x, self.gate_up[ex]).chunk(2, dim=-1)
+                y = F.linear(F.silu(g) * u, self.down[ex]) * wx[j]
+                out = y if out is None else out + y
+            assert out is not None
+            if self.shared_experts is not None:
+                out = out + self.shared_experts(x)
+            return out
         self.last_counts = counts
         order = torch.argsort(flat, stable=True)  # (T·k,) grouped by expert
         tok = order // self.spec.top_k
