@@ -43,13 +43,7 @@ from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_fl
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
 from workbench.machine import loadavg, machine_info
-from workbench.policy.policies import (
-    Always,
-    BatchThreshold,
-    Never,
-    RandomFlip,
-    RecordingPolicy,
-)
+from workbench.policy.policies import Always, BatchThreshold, Never, RandomFlip, RecordingPolicy
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
