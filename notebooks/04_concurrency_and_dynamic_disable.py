@@ -249,8 +249,8 @@ lat = latency_samples(engines["baseline"], prompts, {"baseline": None, "eagle3":
 pct = lat.groupby(["arm", "concurrency", "metric"]).ms.agg(
     n="size", p50_ms=lambda x: F.percentile_text(x.tolist(), 50)[0],
     p99_ms=lambda x: F.percentile_text(x.tolist(), 99)[0])
-pct["p99_ms"] = pct.p99_ms.astype(object).where(pct.p99_ms.notna(),
-                                                f"n/a (n < {F.MIN_P99_SAMPLES})")
+pct["p99_ms"] = [f"{v:.1f}" if v == v and v is not None else f"n/a (n < {F.MIN_P99_SAMPLES})"
+                 for v in pct.p99_ms]
 pct.unstack("metric").round(1)
 
 # %%
