@@ -41,7 +41,7 @@ CHECKED = (
     "engine/driver.py",
     "engine/kv_cache.py",
     "engine/scheduler.py",
-    "engine/sampler.py",
+    "sampler.py",
     "engine/cuda_graphs.py",
     "engine/overlap.py",
     "engine/compiled.py",

@@ -18,7 +18,7 @@ import torch
 from serve.serving import SPEC, micro_engine
 
 import workbench as wb
-from workbench.engine import sampler
+from workbench import sampler
 
 SP = wb.SamplingParams
 SC = wb.SpecConfig

@@ -400,7 +400,7 @@ def test_a_request_whose_numbers_fail_fails_alone(adv: ServerHandle, canary_text
     (no exception text); requests running with it finish normally; the loop lives on."""
     import torch
 
-    from workbench.engine import sampler
+    from workbench import sampler
 
     real = sampler.process_probs
 

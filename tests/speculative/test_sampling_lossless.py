@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine.sampler import process_probs
 from workbench.models.loader import load_target
+from workbench.sampler import process_probs
 
 stats = pytest.importorskip("scipy.stats")
 transformers = pytest.importorskip("transformers")

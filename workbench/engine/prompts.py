@@ -7,8 +7,8 @@ from typing import Any
 
 from workbench.config import SamplingParams
 from workbench.core import LogprobParams, Request
-from workbench.engine.sampler import make_generator
 from workbench.errors import RequestError
+from workbench.sampler import make_generator
 
 Prompt = str | Sequence[int] | Sequence[dict[str, str]]
 

@@ -16,7 +16,8 @@ which needs that extend anyway, so a policy that is off under load never pays fo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -26,13 +27,13 @@ from workbench.config import SpecConfig
 from workbench.core import DraftTree, Request, StepOutput, VerifyResult
 from workbench.engine.output import OutputProcessor
 from workbench.engine.runner import ModelRunner
-from workbench.engine.sampler import process_probs, sample_rows, valid_distribution
 from workbench.engine.scheduler import DecodePlan, ScheduledBatch
 from workbench.engine.stats import EngineStats, count_depths
 from workbench.models.llama import row_bucket
 from workbench.policy.policies import Decision, PolicyContext
+from workbench.sampler import sample_rows
+from workbench.speculative import verify
 from workbench.speculative.drafter import draft_tree
-from workbench.speculative.verify import greedy_verify, sample_verify, simulated_verify
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 
@@ -180,12 +181,11 @@ class EagleWorker:
     def plain(self, reqs: list[Request], outputs: dict[int, StepOutput], phases: Phases) -> None:
         """One decode forward over ``reqs`` (KV room reserved by the scheduler)."""
         runner = self.runner
-        t = time.perf_counter()
-        want_aux = self.spec is not None and runner.draft is not None and \
-            any(r.draft.capable for r in reqs)
-        hidden, aux = runner.forward(runner.decode_batch(reqs, want_aux))
-        logits = runner.logits(hidden)
-        phases["decode"] = phases.get("decode", 0.0) + _ms(t)
+        with phase(phases, "decode"):
+            want_aux = self.spec is not None and runner.draft is not None and \
+                any(r.draft.capable for r in reqs)
+            hidden, aux = runner.forward(runner.decode_batch(reqs, want_aux))
+            logits = runner.logits(hidden)
         self._plain_commit(reqs, logits, aux, outputs, phases)
 
     def _plain_commit(self, reqs: list[Request], logits: torch.Tensor, aux: torch.Tensor | None,
@@ -194,36 +194,33 @@ class EagleWorker:
         forward's or a one-node tree's in the verify forward), append it, keep the draft's
         features, extend per the rule for steps that do not speculate."""
         runner, out = self.runner, self.out
-        t = time.perf_counter()
-        faults.check("step:sampler")
-        errors: dict[int, str] = {}
-        toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs],
-                           errors)
-        for i, msg in errors.items():
-            out.row_errors[reqs[i].rid] = msg  # bad_logits below fails that request alone
         warm = []
-        # a cold draft keeps only the latest catchup_window features (bounded catch-up); the
-        # holes that leaves need a draft attention backend taking any slot list
-        da = runner.draft_attn
-        window = None if self.warm() or self.spec is None or da is None or \
-            not da.arbitrary_slots else self.spec.catchup_window
-        for i, r in enumerate(reqs):
-            if out.bad_logits(r, logits[i : i + 1], outputs):
-                continue
-            r.kv_len += 1
-            r.metrics.plain_steps += 1
-            r.metrics.spec_plain_steps += int(self.spec is not None)
-            if aux is not None and r.draft.capable:
-                r.draft.keep_feats(aux[i : i + 1], window)
-                warm.append(r)
-            r.draft.capable = aux is not None and r.draft.capable  # spec off: no features kept
-            out.append_tokens(r, [int(toks[i])], [False], outputs)
-            if r.logprobs is not None:
-                out.add_output_logprobs(r, logits[i : i + 1])
-        phases["commit"] = phases.get("commit", 0.0) + _ms(t)
-        t = time.perf_counter()
-        self.extend([r for r in warm if not r.finished], speculating=False)
-        phases["extend"] = phases.get("extend", 0.0) + _ms(t)
+        with phase(phases, "commit", fault="sampler"):
+            errors: dict[int, str] = {}
+            toks = sample_rows(logits, [r.sampling for r in reqs], [r.generator for r in reqs],
+                               errors)
+            for i, msg in errors.items():
+                out.row_errors[reqs[i].rid] = msg  # bad_logits below fails that request alone
+            # a cold draft keeps only the latest catchup_window features (bounded catch-up);
+            # the holes that leaves need a draft attention backend taking any slot list
+            da = runner.draft_attn
+            window = None if self.warm() or self.spec is None or da is None or \
+                not da.arbitrary_slots else self.spec.catchup_window
+            for i, r in enumerate(reqs):
+                if out.bad_logits(r, logits[i : i + 1], outputs):
+                    continue
+                r.kv_len += 1
+                r.metrics.plain_steps += 1
+                r.metrics.spec_plain_steps += int(self.spec is not None)
+                if aux is not None and r.draft.capable:
+                    r.draft.keep_feats(aux[i : i + 1], window)
+                    warm.append(r)
+                r.draft.capable = aux is not None and r.draft.capable  # spec off: no features
+                out.append_tokens(r, [int(toks[i])], [False], outputs)
+                if r.logprobs is not None:
+                    out.add_output_logprobs(r, logits[i : i + 1])
+        with phase(phases, "extend"):
+            self.extend([r for r in warm if not r.finished], speculating=False)
 
     # -- speculative decode ------------------------------------------------------------------
     def speculate(self, batch: ScheduledBatch, outputs: dict[int, StepOutput],
@@ -235,48 +232,39 @@ class EagleWorker:
         policy's online acceptance estimates."""
         runner, d = self.runner, batch.decision
         assert d is not None
-        t = time.perf_counter()
         # 1. Cold drafts catch up over the tokens they missed while speculation was off.
         reqs = batch.speculate
-        self.extend(reqs, speculating=True)
-        phases["catchup"] = _ms(t)
+        with phase(phases, "catchup"):
+            self.extend(reqs, speculating=True)
+        phases["draft"] = phases["catchup"]  # the draft phase includes the catch-up
         reqs = [r for r in reqs if r.draft.capable and r.draft.logits is not None]
         if not reqs:
-            phases["draft"] = _ms(t)
             return [], []
         # 2. Draft: build every request's tree.
-        faults.check("step:draft")
-        tree = self._draft(reqs, d)
-        phases["draft"] = _ms(t)
+        with phase(phases, "draft", fault="draft"):
+            tree = self._draft(reqs, d)
         ride = self._riders(batch, reqs, tree.num_nodes)
         # 3. Verify: one target forward over all trees (ragged, tree masks), riders last.
-        t = time.perf_counter()
-        faults.check("step:verify")
         b, n = len(reqs), tree.num_nodes
-        hidden, aux_all = runner.forward(runner.verify_batch(reqs, tree, ride))
-        logits_all = runner.logits(hidden)
-        logits = logits_all[: b * n].view(b, n, -1)
-        phases["verify"] = _ms(t)
-        # 4. Accept.
-        t = time.perf_counter()
-        faults.check("step:accept")
-        res = self._accept(reqs, tree, logits)
-        phases["accept"] = _ms(t)
+        with phase(phases, "verify", fault="verify"):
+            hidden, aux_all = runner.forward(runner.verify_batch(reqs, tree, ride))
+            logits_all = runner.logits(hidden)
+            logits = logits_all[: b * n].view(b, n, -1)
+        # 4. Accept (the rule: speculative/verify.py).
+        with phase(phases, "accept", fault="accept"):
+            res = self._accept(reqs, tree, logits)
         # 5. Commit: move every accepted path's KV to consecutive positions, then per request
         # emit its TreeBuilt/Verified, then advance it. A fatal hook raising on request i's
         # events leaves requests before i committed and i onwards untouched (their moved rows
         # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
-        t = time.perf_counter()
-        faults.check("step:commit")
-        assert aux_all is not None
-        accepted = res.accept_len.tolist()  # one device read for the batch
-        keep = self._commit(reqs, tree, res, accepted, logits, aux_all[: b * n].view(b, n, -1),
-                            outputs)
-        phases["commit"] = _ms(t)
+        with phase(phases, "commit", fault="commit"):
+            assert aux_all is not None
+            accepted = res.accept_len.tolist()  # one device read for the batch
+            keep = self._commit(reqs, tree, res, accepted, logits,
+                                aux_all[: b * n].view(b, n, -1), outputs)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
-        t = time.perf_counter()
-        self.extend(keep, speculating=True)
-        phases["extend"] = _ms(t)
+        with phase(phases, "extend"):
+            self.extend(keep, speculating=True)
         # 7. Riders: each samples its token as a plain step would (then extends per that rule).
         if ride:
             self._plain_commit(ride, logits_all[b * n :], aux_all[b * n :], outputs, phases)
@@ -366,39 +354,12 @@ class EagleWorker:
 
     def _accept(self, reqs: list[Request], tree: DraftTree,
                 logits: torch.Tensor) -> VerifyResult:
-        spec = self.spec
-        assert spec is not None
-        dev = logits.device
-        if spec.simulate_accept_length is not None:
-            a = spec.simulate_accept_length - 1.0
-            lo = int(a)
-            acc = torch.tensor([lo + (1 if torch.rand((), device="cpu") < a - lo else 0)
-                                for _ in reqs],
-                               device=dev)
-            return simulated_verify(tree, logits, acc)
-        greedy = [i for i, r in enumerate(reqs) if r.sampling.greedy]
-        if len(greedy) == len(reqs):
-            return greedy_verify(tree, logits)
-        b, n = tree.tokens.shape
-        logits = logits.float()
-        probs = torch.zeros_like(logits)
-        # the coins come from each request's own (host) generator, then move once
-        coins = torch.zeros(b, n, device="cpu")
-        final_u = torch.zeros(b, device="cpu")
-        for i, r in enumerate(reqs):
-            if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
-                probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
-            else:
-                row = process_probs(logits[i], r.sampling)
-                if not valid_distribution(row):  # the commit fails this request alone
-                    self.out.row_errors[r.rid] = ("sampling: no valid distribution at "
-                                                  f"position {r.kv_len} (non-finite logits)")
-                    row = torch.zeros_like(row).scatter_(
-                        -1, logits[i].argmax(-1, keepdim=True), 1.0)
-                probs[i] = row
-                coins[i] = torch.rand(n, generator=r.generator, device="cpu")
-                final_u[i] = torch.rand((), generator=r.generator, device="cpu")
-        return sample_verify(tree, probs, coins.to(dev), final_u.to(dev))
+        """The acceptance rule (speculative/verify.py); a request whose target distribution
+        is not one fails alone at its commit."""
+        assert self.spec is not None
+        res, errors = verify.accept(tree, logits, reqs, self.spec.simulate_accept_length)
+        self.out.row_errors.update(errors)
+        return res
 
     def _record_accept(self, r: Request, accepted: int, emitted: int, drafted: int) -> None:
         """Count one verify by what it emitted: ``emitted`` tokens, ``accepted`` of them draft
@@ -490,3 +451,15 @@ class EagleWorker:
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
+
+
+@contextmanager
+def phase(phases: Phases, name: str, fault: str | None = None) -> Iterator[None]:
+    """One phase of a step: its fault point ``step:<fault>`` (``workbench.faults``) checked at
+    the start, its milliseconds added to ``phases[name]`` when the block completes (a phase
+    that raises records nothing: the step fails)."""
+    t = time.perf_counter()
+    if fault is not None:
+        faults.check(f"step:{fault}")
+    yield
+    phases[name] = phases.get(name, 0.0) + _ms(t)

@@ -1,16 +1,75 @@
-"""Tree verification: greedy acceptance and lossless recursive rejection sampling.
+"""The acceptance rule: which draft tokens of a tree the target keeps, and its bonus token.
 
-Both take the target's output at every tree node (one forward over the whole tree) and return
-the accepted root→node path plus one bonus token from the target (so τ = accepted + 1).
-The batched math lives in ``workbench.kernels`` (Triton on CUDA, torch reference on CPU).
+One target forward scores every node of every request's tree (node 0, the root, is the last
+verified token; each node sees its ancestors). Then, per request, walk down from the root:
+
+* **greedy** (temperature 0): among the children of the current node, in index order, accept
+  the first whose token equals the target's argmax at the current node; move to it and repeat.
+  When no child matches, stop: the bonus is the target's argmax at the last accepted node.
+* **sampling**: at the current node take ``p``, the target distribution there (after the
+  request's temperature / top-k / top-p / min-p: :func:`workbench.sampler.process_probs`, the
+  same one plain decoding samples from). For each child in index order, with token x: accept
+  iff ``coin · Σp < p[x]`` (a fresh uniform coin per node, from the request's own generator);
+  accepted → move to it with a fresh ``p``; rejected → ``p[x] = 0`` and test the next child.
+  When none is accepted, the bonus is drawn from ``p / Σp`` (the residual). With one-hot
+  (top-k) drafts the emitted tokens are distributed exactly as sampling token by token.
+  A greedy request in a mixed batch gets a one-hot ``p`` at its argmax: the same walk.
+* **simulated** (``SpecConfig.simulate_accept_length``, NOT lossless: performance studies):
+  a forced number of nodes along each tree's best-scored path.
+
+Accepted = the path's nodes below the root; τ = accepted + 1 (the bonus). :func:`accept` is
+the whole rule for a batch; the batched walks run in ``workbench.kernels`` (Triton on CUDA; on
+CPU ``kernels.reference``, whose ``greedy_accept_walk`` / ``tree_speculative_sample`` are the
+same walks written out line by line).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from workbench import kernels
-from workbench.core import DraftTree, VerifyResult
+from workbench.core import DraftTree, Request, VerifyResult
+from workbench.sampler import process_probs, valid_distribution
+
+
+def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request],
+           simulate_accept_length: float | None = None
+           ) -> tuple[VerifyResult, dict[int, str]]:
+    """The acceptance rule (module doc) for ``reqs``' trees, given the target's logits at
+    every node (B, N, V). Returns the result and ``{rid: error}`` for the requests whose target
+    distribution was not a distribution (non-finite logits): their rows fall back to greedy
+    here and the caller fails those requests alone."""
+    errors: dict[int, str] = {}
+    dev = target_logits.device
+    if simulate_accept_length is not None:
+        a = simulate_accept_length - 1.0
+        lo = int(a)
+        forced = torch.tensor([lo + (1 if torch.rand((), device="cpu") < a - lo else 0)
+                               for _ in reqs], device=dev)
+        return simulated_verify(tree, target_logits, forced), errors
+    if all(r.sampling.greedy for r in reqs):
+        return greedy_verify(tree, target_logits), errors
+    b, n = tree.tokens.shape
+    logits = target_logits.float()
+    probs = torch.zeros_like(logits)
+    # the coins come from each request's own (host) generator, then move once
+    coins = torch.zeros(b, n, device="cpu")
+    final_u = torch.zeros(b, device="cpu")
+    for i, r in enumerate(reqs):
+        if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
+            probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
+            continue
+        row = process_probs(logits[i], r.sampling)
+        if not valid_distribution(row):
+            errors[r.rid] = (f"sampling: no valid distribution at position {r.kv_len} "
+                             "(non-finite logits)")
+            row = torch.zeros_like(row).scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
+        probs[i] = row
+        coins[i] = torch.rand(n, generator=r.generator, device="cpu")
+        final_u[i] = torch.rand((), generator=r.generator, device="cpu")
+    return sample_verify(tree, probs, coins.to(dev), final_u.to(dev)), errors
 
 
 def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
