@@ -214,7 +214,7 @@ def test_a_request_whose_numbers_fail_fails_alone(speculate: bool, engine: wb.En
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Its probabilities turn NaN mid-generation: that request ends with a sampling error; the
     greedy and sampled requests in the same batch are exactly what they are alone."""
-    from workbench.engine import worker  # the speculative accept filters with it
+    from workbench.speculative import verify  # the acceptance rule filters with it
 
     ok_sp = SP(max_new_tokens=12, ignore_eos=True)
     seeded = SP(temperature=0.8, seed=5, max_new_tokens=12, ignore_eos=True)
@@ -233,7 +233,7 @@ def test_a_request_whose_numbers_fail_fails_alone(speculate: bool, engine: wb.En
         return p
 
     monkeypatch.setattr(sampler, "process_probs", poisoned)
-    monkeypatch.setattr(worker, "process_probs", poisoned)
+    monkeypatch.setattr(verify, "process_probs", poisoned)
     outs = engine.generate([CANARY, [7, 8, 9], "class A:", "x = ["],
                            [ok_sp, ok_sp, SP(temperature=0.7, seed=1, max_new_tokens=12,
                                              ignore_eos=True), seeded], spec=spec)
