@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def _ratio_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
     """Colour-bar ticks for a log2-coloured ratio: the powers of two (and 1.5×) in range."""
-    cands = [0.125, 0.25, 0.5, 0.67, 1.0, 1.5, 2.0, 3.0, 4.0, 8.0]
+    cands = [0.125, 0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0]
     vals = [c for c in cands if lo - 1e-9 <= math.log2(c) <= hi + 1e-9] or [1.0]
     return [math.log2(v) for v in vals], [f"{v:g}×" for v in vals]
 
