@@ -27,7 +27,7 @@ FAST = os.environ.get("WORKBENCH_FAST") == "1"
 SHAPE = (3, 1, 4)  # a chain: S=3 draft steps, N=4 tokens verified (the seeds ran chains)
 BATCHES = (1, 4, 16)  # where measured and predicted cost ratios are compared
 CONTEXT = 64
-REPEATS = 2 if FAST else 4
+REPEATS = 2 if FAST else 8  # least of n runs: a busy machine only ever adds time
 
 # %%
 # NBVAL_IGNORE_OUTPUT
