@@ -1,4 +1,4 @@
-"""Machine facts stamped into every benchmark result (honest reporting, STYLE.md item 15).
+"""Machine facts stamped into every benchmark result (honest reporting).
 
 :func:`machine_info` says *which* machine a figure came from (CPU model, instruction-set flags
 that decide the fast kernels, cache sizes, cores, torch version, git commit, load average);

@@ -1,4 +1,4 @@
-"""A checkpoint in the public LlamaForCausalLMEagle3 layout loads and runs (DESIGN.md §6).
+"""A checkpoint in the public LlamaForCausalLMEagle3 layout loads and runs (docs/REFERENCE.md §6).
 
 Public heads (e.g. for Llama 3.1 8B) ship bf16/fp16 tensors, ``draft_vocab_size`` with ``d2t``
 offsets, and some a ``target_hidden_size`` wider than the head plus their own ``embed_tokens``.

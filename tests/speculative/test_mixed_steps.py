@@ -5,7 +5,7 @@ ways give the same tokens, finish reasons, stops, draft-token marks, per-request
 stats, draft extends (warm / cold / auto) and sampled tokens (seeded); logprobs agree to float
 rounding, not bit for bit: a row's result depends on the batch it is computed in (MKL picks
 another GEMM kernel for fewer than 4 rows, SDPA pads keys to the batch's longest context;
-docs/DESIGN.md §4 "Mixed steps")."""
+docs/REFERENCE.md §3 "Mixed steps")."""
 
 from __future__ import annotations
 

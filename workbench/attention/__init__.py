@@ -1,6 +1,6 @@
 """Attention backends over the paged KV pool: one Protocol, three implementations.
 
-Every backend has the plan/run split (STYLE.md item 8) and declares its capabilities as class
+Every backend has the plan/run split and declares its capabilities as class
 attributes (no ``getattr`` probing):
 
 * ``torch`` — :class:`~workbench.attention.paged.PagedAttention` (SDPA over a gather; CPU path);

@@ -1,5 +1,5 @@
 """The ``torch`` backend: attention over the paged pool by gather + SDPA (the CPU path), with
-the plan/run split every backend shares (STYLE.md item 8).
+the plan/run split every backend shares.
 
 ``plan`` runs once per forward: it turns per-request query/KV lengths (and an optional tree
 mask) into static index tensors. ``run`` is called by every layer: write the new K/V into their

@@ -1,7 +1,7 @@
 """Paged attention through the Triton ``tree_attention`` kernel, with PagedAttention's plan/run.
 
 ``plan`` (once per forward) turns the engine's per-request slot lists into the kernel's ragged
-index tensors (STYLE.md item 8); ``run`` (every layer) writes the new K/V into the pool and
+index tensors; ``run`` (every layer) writes the new K/V into the pool and
 launches one kernel for the whole ragged batch. No per-layer gather: the kernel reads K/V by slot
 id straight from the pool.
 

@@ -7,7 +7,7 @@
   (tracer disabled, no hooks);
 * ``recording`` — every event recorded by ``wb.trace(engine)``.
 
-Goals (STYLE.md item 11): ``default`` within 1% of ``no_hooks``, ``recording`` within 10%.
+Goals: ``default`` within 1% of ``no_hooks``, ``recording`` within 10%.
 Columns, all against ``no_hooks``:
 
 * ``overhead_pct`` — extra wall time of the summed runs; ``overhead_median_pct`` — median over

@@ -411,7 +411,7 @@ def autotune(engine: Engine) -> dict[str, Choice]:
     if attn == "auto" and dev == "cpu":
         # no second CPU kernel to time: a manual matmul/softmax path would have to serve
         # decode and verify alike to keep their rows bit-consistent, and it measured slower at
-        # T=1 (13.6 vs 11.0 µs per layer, 2-core EPYC; docs/DESIGN.md §4a)
+        # T=1 (13.6 vs 11.0 µs per layer, 2-core EPYC; docs/MEASUREMENTS.md §1)
         choices["attention"] = Choice("attention", "torch", "only", ("torch",),
                                       note="SDPA flash; triton/flashinfer need CUDA")
     elif attn != "auto":

@@ -2,7 +2,7 @@
 
 One block table per request serves both the target pool (L layers) and the draft pool (one
 layer): the draft's entry for position p lives in the same slot. Nothing is reallocated after
-init; acceptance compacts by index (STYLE.md item 9).
+init; acceptance compacts by index.
 
 A latent-attention target (DeepSeek-V3's MLA) caches one shared "head" per token and layer, the
 latent followed by the rope key; its value is the latent itself, so ``v`` is a view of ``k``'s

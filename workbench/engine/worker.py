@@ -45,8 +45,9 @@ AUTO_WARM_STEPS = 8
 AUTO_CATCHUP_ROWS = 32
 # Mixed steps: riders join the verify forward unless that grows the oneDNN GEMMs' padded row
 # count (models/llama.row_bucket) by more than this. Measured on the 2-core EPYC, wb-target
-# (DESIGN §4 "Mixed steps"): one forward saves 2-5 ms a step, and 17 rows padded to 32 still
-# save ~2 ms; 64 tree rows + 1 rider padded to 128 cost 5.5 ms more than two forwards.
+# (docs/REFERENCE.md §3 "Mixed steps", figures in docs/MEASUREMENTS.md §2): one forward saves
+# 2-5 ms a step, and 17 rows padded to 32 still save ~2 ms; 64 tree rows + 1 rider padded to
+# 128 cost 5.5 ms more than two forwards.
 RIDE_MAX_PAD_ROWS = 16
 
 Phases = dict[str, float]
@@ -60,7 +61,7 @@ class EagleWorker:
         self.step_id = 0
         self.plain_streak = 0  # consecutive decode steps without speculation (draft_state auto)
         # a speculating step's other decode requests ride in its verify forward as one-node
-        # trees (True) or decode in a second, plain forward (False); see DESIGN §4 "Mixed steps"
+        # trees (True) or decode in a second, plain forward (False); see docs/REFERENCE.md §3
         self.plain_in_verify = runner.device.type != "cuda"
 
     def begin_step(self, spec: SpecConfig | None, step_id: int) -> None:

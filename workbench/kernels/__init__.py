@@ -1,6 +1,6 @@
 """Verify-step kernels: tree attention, tree acceptance, KV compaction.
 
-Each kernel has three layers (STYLE item 7): a ``@triton.jit`` kernel and its checked host wrapper
+Each kernel has three layers: a ``@triton.jit`` kernel and its checked host wrapper
 in ``triton_<name>.py``, and a torch reference in ``reference.py`` that is both the specification
 and the CPU fallback. The functions below dispatch:
 

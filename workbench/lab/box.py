@@ -1,6 +1,6 @@
 """The box: the same replay from box measurements, and the winner as an SGLang tier file.
 
-Inputs are what the box already produces (docs/DESIGN.md §6): ``bench threshold --url
+Inputs are what the box already produces (docs/REFERENCE.md §6): ``bench threshold --url
 BASELINE_URL,EAGLE3_URL`` (``threshold.json``: tok/s per level of a baseline and an EAGLE-3
 server) and SGLang's request records (``--export-metrics-to-file``, read with
 ``read_request_metrics``). Nothing is recorded per position there, so acceptance is

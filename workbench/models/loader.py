@@ -178,7 +178,8 @@ def load_eagle3(path: str | Path, target: Target, dtype: str | torch.dtype = "fl
 
 
 def save_eagle3(draft: Eagle3Draft, folder: str | Path) -> None:
-    """Write the standard EAGLE-3 checkpoint (config.json + model.safetensors, DESIGN.md §6)."""
+    """Write the standard EAGLE-3 checkpoint (config.json + model.safetensors; docs/REFERENCE.md
+    §6)."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(draft.config.to_hf_dict(), indent=2) + "\n")

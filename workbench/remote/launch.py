@@ -1,6 +1,6 @@
 """The SGLang launch for a workbench ``SpecConfig``: flags, the adaptive config file, notes.
 
-Flag table (DESIGN.md §6) — what :func:`launch_plan` emits for SGLang 0.5.23:
+Flag table (docs/REFERENCE.md §6) — what :func:`launch_plan` emits for SGLang 0.5.23:
 
 ==========================================  ================================================
 workbench                                   ``python -m sglang.launch_server``

@@ -1,4 +1,4 @@
-"""Instrumentation: typed events → tracer / hooks → tidy DataFrames (STYLE items 10-11).
+"""Instrumentation: typed events → tracer / hooks → tidy DataFrames.
 
 ``with trace(engine) as tr: ...; tr.frame("verify")``. Nothing here imports torch or pandas until
 it is used, so the engine can import this package for free.

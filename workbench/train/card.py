@@ -92,7 +92,7 @@ def draft_card(folder: Path, bench: dict[str, Any], commands: dict[str, str]) ->
         acc = ", ".join(f"{r.get('acc', float('nan')):.2f}" for r in per_step)
     return f"""# wb-eagle3 — the EAGLE-3 head of wb-target
 
-Standard `LlamaForCausalLMEagle3` checkpoint (DESIGN.md §6): one decoder layer over the fused
+Standard `LlamaForCausalLMEagle3` checkpoint (docs/REFERENCE.md §6): one decoder layer over the fused
 hidden states entering target layers {s.get('aux_layer_ids')}, `fc` 3·{cfg['target_hidden_size']}
 → {cfg['hidden_size']}, attention input width 2·{cfg['hidden_size']}, draft vocabulary
 {cfg['draft_vocab_size']} (the most frequent target tokens; `d2t` / `t2d`), embedding shared

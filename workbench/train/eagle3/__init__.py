@@ -12,7 +12,7 @@ it will at inference. One training step:
 
 Resumable: ``<work>/ckpt.pt`` holds head, optimizer, sampling generator, step and history; rerunning
 the same config continues where it stopped. The result is a standard ``LlamaForCausalLMEagle3``
-folder (DESIGN.md §6) plus ``training_summary.json``.
+folder (docs/REFERENCE.md §6) plus ``training_summary.json``.
 
 One module per part: ``config`` (DraftTrainConfig), ``ttt`` (vocabulary, mask, unroll, loss,
 target features: pure tensor functions), ``data`` (corpus and regenerated windows, batches),
