@@ -53,7 +53,7 @@ def test_flush_cache_refused_while_requests_run(http, server) -> None:
 
     def run() -> None:
         got["r"] = http.post("/generate", json={"text": "a", "sampling_params": {
-            "max_new_tokens": 120, "ignore_eos": True}})
+            "max_new_tokens": 240, "ignore_eos": True}})
 
     t = threading.Thread(target=run)
     t.start()
@@ -170,7 +170,7 @@ def test_abort_request_by_rid_prefix(http, server) -> None:
     def run() -> None:
         got["r"] = http.post("/generate", json={
             "text": ["a", "b"], "rid": "abortme",
-            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}})
+            "sampling_params": {"max_new_tokens": 240, "ignore_eos": True}})
 
     t = threading.Thread(target=run)
     t.start()
@@ -192,7 +192,7 @@ def test_abort_all(http, server) -> None:
     got: dict[str, object] = {}
 
     def run() -> None:
-        got["r"] = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 200,
+        got["r"] = http.post("/v1/completions", json={"prompt": "a", "max_tokens": 240,
                                                       "ignore_eos": True})
 
     t = threading.Thread(target=run)
@@ -242,7 +242,7 @@ def test_a_rid_in_use_is_refused_and_frees_nothing_of_the_other(http, server, so
     second is a 400 naming rid, admitted or not, and the first finishes untouched."""
     got: dict[str, object] = {}
     body = {"text": TEXT_PROMPTS[1], "rid": "dup",
-            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}}
+            "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}}
 
     def run() -> None:
         got["r"] = http.post("/generate", json=body)
@@ -258,7 +258,7 @@ def test_a_rid_in_use_is_refused_and_frees_nothing_of_the_other(http, server, so
     t.join(60)
     first = got["r"]
     assert first.status_code == 200 and first.json()["output_ids"] == \
-        solo(TEXT_PROMPTS[1], 60).token_ids
+        solo(TEXT_PROMPTS[1], 200).token_ids
     assert server.wait_idle() and server.kv_usage()["used_blocks"] == 0
 
 
