@@ -49,6 +49,9 @@ CHECKED = (
     "models/eagle3.py",
     "models/gemm.py",
     "models/rope.py",
+    "models/mla.py",
+    "models/moe.py",
+    "models/moe_model.py",
     "attention/__init__.py",
     "attention/paged.py",
     "attention/tree_draft.py",
@@ -81,6 +84,8 @@ OFF_STEP_PATH: dict[str, str] = {
     "models/config.py": "config parsing",
     "models/loader.py": "init: builds modules on the meta device, then loads weights",
     "models/synthetic.py": "writes random checkpoints for tests",
+    "models/synthetic_moe.py": "writes random MoE checkpoints for tests (through transformers)",
+    "models/moe_config.py": "config parsing: the MoE/MLA fields and their refusals",
     "speculative/__init__.py": "re-exports",
     "policy/__init__.py": "re-exports",
     "engine/calibrate.py": "calibration: scratch batches built on the host, moved to the "

@@ -73,12 +73,14 @@ def route(logits: torch.Tensor, spec: MoeSpec,
 class Router(nn.Module):
     """``gate.weight`` (E, D), and DeepSeek-V3's ``e_score_correction_bias`` (E,)."""
 
-    def __init__(self, d: int, spec: MoeSpec) -> None:
+    def __init__(self, d: int, spec: MoeSpec, device: torch.device | str | None = None) -> None:
+        """``device`` None: torch's current default device, as ``RMSNorm`` (the loader builds
+        models under ``torch.device("meta")``)."""
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(spec.num_experts, d))
+        self.weight = nn.Parameter(torch.empty(spec.num_experts, d, device=device))
         if spec.scoring == "sigmoid":
             self.e_score_correction_bias: torch.Tensor | None = nn.Parameter(
-                torch.zeros(spec.num_experts), requires_grad=False)
+                torch.zeros(spec.num_experts, device=device), requires_grad=False)
         else:
             self.e_score_correction_bias = None
 

@@ -100,7 +100,7 @@ class MoeForCausalLM(nn.Module):
         forward over ``m`` fixed tokens (every GEMM a forward of m rows runs, the experts its
         routing picks; no KV touched, so safe while requests run)."""
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, self.config.vocab_size, (1, m), generator=g).to(
+        ids = torch.randint(0, self.config.vocab_size, (1, m), generator=g, device="cpu").to(
             self.lm_head.weight.device)
 
         def run() -> None:
