@@ -105,11 +105,11 @@ def quiet_progress() -> Iterator[None]:
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
-    from workbench.train import target
+    from workbench.train import target, upcycle
     from workbench.train.eagle3 import data, trainer
 
     quiet = functools.partial(tqdm, disable=True)
-    modules = (target, data, trainer)
+    modules = (target, data, trainer, upcycle)
     saved = [m.tqdm for m in modules]
     hf_bars = hf_logging.is_progress_bar_enabled()
     for m in modules:
