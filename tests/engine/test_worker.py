@@ -1,7 +1,9 @@
-"""The EagleWorker: the policy's view of a step (decode batch, a last token decoded plainly)."""
+"""The EagleWorker (engine/worker.py): the policy's view of a step, the extend rule, riders in the
+verify forward, and the phases (timed, with their fault points, by one context manager)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,9 +11,12 @@ from typing import Any
 import pytest
 
 import workbench as wb
+from workbench import faults
+from workbench.engine.worker import phase
 from workbench.policy.policies import (
     Always,
     Decision,
+    Never,
     PolicyContext,
 )
 
@@ -83,3 +88,94 @@ def test_last_token_decodes_plainly_and_policy_is_told(engine: wb.Engine) -> Non
     assert seen[:-1] == [(True, "on", 1)] * (len(seen) - 1) and len(seen) == 3
     assert seen[-1] == (False, "on; ran plain", 0)
     assert out.metrics.plain_steps == 1
+
+
+# -- phases ---------------------------------------------------------------------------------
+def test_phase_times_and_checks_its_fault_point() -> None:
+    phases: dict[str, float] = {"commit": 1.0}
+    with phase(phases, "commit"):
+        pass
+    assert phases["commit"] > 1.0  # added to what the step already spent there
+    with faults.inject("step:verify"), pytest.raises(faults.InjectedFault):
+        with phase(phases, "verify", fault="verify"):
+            raise AssertionError("the fault point fires before the block")
+    assert "verify" not in phases  # a phase that raises records nothing
+    with pytest.raises(ValueError), phase(phases, "accept"):
+        raise ValueError("the step fails")
+    assert "accept" not in phases
+
+
+def test_a_speculative_step_reports_its_phases(engine: wb.Engine) -> None:
+    spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    with wb.trace(engine, events=["StepTiming"]) as tr:
+        engine.generate([[5, 6, 7, 8]], wb.SamplingParams(max_new_tokens=4), spec=spec)
+    t = tr.frame("timing")
+    spec_steps = t[t["mode"] == "spec"]
+    assert len(spec_steps) > 0
+    for col in ("draft_ms", "verify_ms", "accept_ms", "commit_ms", "extend_ms"):
+        assert (spec_steps[col] > 0).all(), col
+
+
+# -- the extend rule ------------------------------------------------------------------------
+@pytest.mark.parametrize("state", ["warm", "cold"])
+def test_plain_steps_extend_the_draft_per_draft_state(engine: wb.Engine, state: str) -> None:
+    """warm: the draft reads every plain step's token (its length follows kv_len); cold: it
+    does not until speculation comes back, then one catch-up extends it."""
+    off = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4, policy=Never(),
+                        draft_state=state)
+    sp = wb.SamplingParams(max_new_tokens=12, ignore_eos=True)
+    engine.set_spec(off)
+    rid = engine.add_request([5, 6, 7, 8, 9], sp)
+    try:
+        for _ in range(4):
+            engine.step()
+        r = engine.requests[rid]
+        if state == "warm":
+            assert r.draft.len == r.kv_len
+        else:
+            assert r.draft.len < r.kv_len and r.draft.pending_rows == r.kv_len - r.draft.len
+        engine.set_spec(dataclasses.replace(off, policy=Always()))
+        engine.step()  # speculates: catch-up, draft, verify, commit, extend
+        assert r.draft.len == r.kv_len and r.draft.pending_rows == 0
+    finally:
+        engine.abort(rid)
+        engine.set_spec(None)
+    assert engine.kv_usage()["used_blocks"] == 0
+
+
+# -- riders ---------------------------------------------------------------------------------
+def test_riders_join_the_verify_forward(engine: wb.Engine,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode request that cannot speculate (one token left) rides in the speculating
+    requests' verify forward: one target forward for the step, not two; its output is the
+    one it gets alone."""
+    spec = wb.SpecConfig(num_steps=2, topk=2, num_draft_tokens=4)
+    sp_long = wb.SamplingParams(max_new_tokens=8, ignore_eos=True)
+    sp_short = wb.SamplingParams(max_new_tokens=2, ignore_eos=True)
+    alone = engine.generate([[9, 8, 7]], sp_short, spec=spec)[0].token_ids
+    runner = engine.runner
+    forward = runner.forward
+    calls: list[int] = []
+
+    def count(batch: Any) -> Any:
+        calls.append(len(batch.reqs))
+        return forward(batch)
+
+    assert engine.worker.plain_in_verify  # CPU: riders on
+    engine.set_spec(spec)
+    a = engine.add_request([5, 6, 7, 8], sp_long)
+    b = engine.add_request([9, 8, 7], sp_short)
+    try:
+        engine.step()  # prefill both (each samples its first token)
+        monkeypatch.setattr(runner, "forward", count)
+        engine.step()  # a speculates; b has one token left: it rides
+        assert calls == [2]  # one forward over a's tree and b's row
+        monkeypatch.undo()
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.output(b).token_ids == alone
+    finally:
+        engine.abort(a)
+        engine.abort(b)
+        engine.set_spec(None)
+

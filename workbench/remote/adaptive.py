@@ -275,7 +275,3 @@ def auto_max_running(tiers: Tiers) -> int:
     minus one (as many batch sizes above the last boundary as below it), at least 64."""
     top = tiers.tiers[-1][0]
     return max(64, 2 * (top - 1))
-
-
-def tiers_reachable(tiers: Tiers, max_running: int) -> bool:
-    return tiers.tiers[-1][0] <= max_running

@@ -110,14 +110,6 @@ def sanity_block(flags: Sequence[Flag], what: str) -> Any:
     return HTML(sanity_html(flags, what))
 
 
-def flag_column(df: pd.DataFrame, flags: Sequence[Flag]) -> pd.DataFrame:
-    """``df`` with a ``flags`` column (comma-separated codes of the flags whose row matches,
-    "" when clean), via :func:`workbench.bench.sanity.mark`."""
-    from workbench.bench import sanity
-
-    return sanity.mark(df, flags)
-
-
 def highlight_flagged(df: pd.DataFrame, column: str = "flags") -> Any:
     """A pandas ``Styler`` that paints rows with a non-empty ``column`` amber (the numbers of
     a flagged row are shown, marked, not hidden)."""
