@@ -43,13 +43,25 @@ print(models.describe(), "· training into", work.name)
 # `regenerate` would add the target's own continuations (slower, better τ).
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+from workbench.engine import contention
+
+# two OpenMP threads sharing 2 busy cores with other work collapse far below one: measured
+# here (other processes' CPU use over a short window), the training takes one thread then
+busy = contention.measure(0.5).reasons()
+TRAIN_THREADS = 1 if busy else 0  # 0: torch's default
+print("training threads:", TRAIN_THREADS or "torch default",
+      f"(contended: {'; '.join(busy)})" if busy else "(machine quiet)")
+
+# %%
 micro = models.kind == "micro"
 cfg = DraftTrainConfig(
     target=str(models.target), out=str(work / "head"), work=str(work / "work"),
     corpus=str(models.target.parent / "corpus") if micro else "",
     draft_vocab_size=128 if micro else 2048, steps=STEPS, batch=4,
     seq_len=48 if micro else 128, lr=3e-3 if micro else 1e-3, warmup=10, ttt_steps=5,
-    regenerate=False, eval_batches=2, ckpt_every=10)  # a history point every 10 steps
+    regenerate=False, eval_batches=2, ckpt_every=10,  # a history point every 10 steps
+    threads=TRAIN_THREADS)
 
 # %%
 # NBVAL_IGNORE_OUTPUT
