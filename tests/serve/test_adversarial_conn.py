@@ -105,7 +105,7 @@ def test_a_client_that_never_reads_is_dropped(adv: ServerHandle, canary_text: st
 
     try:
         s.sendall(raw_request("/generate", body))
-        assert held()
+        assert wait_for(held, 30)
         t0 = time.monotonic()
         assert wait_for(lambda: not held(), 120), "still held"
         assert time.monotonic() - t0 > LIMITS.write_timeout_s

@@ -14,6 +14,7 @@ before the engine thread sees a request:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from dataclasses import dataclass
@@ -169,7 +170,14 @@ async def read_json_body(request: Any, limits: ServeLimits) -> dict[str, Any]:
         if size > limits.max_body_bytes:
             raise too_large(limits)
         chunks.append(chunk)
-    return parse_json_object(b"".join(chunks))
+    raw = b"".join(chunks)
+    if len(raw) <= PARSE_INLINE_BYTES:
+        return parse_json_object(raw)
+    # a big body (megabytes of JSON) is parsed on a worker thread, not on the event loop
+    return await asyncio.get_running_loop().run_in_executor(None, parse_json_object, raw)
+
+
+PARSE_INLINE_BYTES = 64 << 10
 
 
 def uvicorn_config(app: Any, limits: ServeLimits, log_level: str) -> uvicorn.Config:

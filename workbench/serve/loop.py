@@ -31,6 +31,7 @@ once that many requests are submitted and not finished (the server answers 503 +
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -120,17 +121,32 @@ class EngineLoop:
     batched ``/generate``) counts against the ``"fanout"`` share, which may hold at most
     ``FANOUT_SHARE`` of ``max_pending``; single requests may use every slot, so a flood of
     ``n=16`` requests can fill at most that share and never starves single requests of
-    slots (docs/SERVING.md)."""
+    slots. With ``max_running`` set, the loop hands the engine at most that many requests at
+    once and keeps the rest itself, one queue per share, admitted in turn (a single request
+    waits for at most one choice of a flood, not for the whole flood); while single requests
+    are about, choices of several-choice requests never outnumber them in the running batch,
+    otherwise they fill at most ``FANOUT_SHARE`` of it (:meth:`_fanout_room`;
+    docs/SERVING.md)."""
 
     FANOUT_SHARE = 0.5
+    SINGLE_GRACE_S = 1.0
 
     def __init__(self, engine: Engine, idle_wait_s: float = 0.05, max_pending: int | None = None,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+                 on_fatal: Callable[[str], None] | None = None,
+                 max_running: int | None = None) -> None:
         if max_pending is not None and (not isinstance(max_pending, int) or max_pending < 1):
             raise ValueError(f"max_pending: must be an integer >= 1 or None, got {max_pending!r}")
         self.engine = engine
         self.idle_wait_s = idle_wait_s
         self.max_pending = max_pending
+        if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
+            raise ValueError(f"max_running: must be an integer >= 1 or None, got {max_running!r}")
+        self.max_running = max_running
+        # submitted, not yet handed to the engine (max_running set): one queue per share
+        self._waiting: dict[str, collections.deque[Ticket]] = {
+            "single": collections.deque(), "fanout": collections.deque()}
+        self._single_next = True  # whose turn it is when both shares wait
+        self._single_seen = -1e9  # monotonic time a single request last finished
         self.on_fatal = on_fatal
         self.error: str | None = None  # set when engine.step raised; the loop is then dead
         self.error_id: str | None = None  # names that failure in the log (5xx bodies show it)
@@ -216,6 +232,8 @@ class EngineLoop:
 
     def _done(self, t: Ticket) -> None:
         """Mark ``t`` finished (once) and release its pending slot."""
+        if t.share == "single":
+            self._single_seen = time.monotonic()
         with self._lock:
             if not t.done:
                 t.done = True
@@ -263,6 +281,8 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while self._drain(block=not self.engine.has_unfinished()):
+                if self.max_running is not None:
+                    self._admit_waiting()  # slots freed by the last step
                 self._beat = time.monotonic()
                 if self.engine.has_unfinished():
                     self._busy_since = self._beat
@@ -303,11 +323,16 @@ class EngineLoop:
         self._busy_since = time.monotonic()
         try:
             if kind == "add":
-                self._admit(cmd[1])
+                if self.max_running is None:
+                    self._admit(cmd[1])
+                else:
+                    self._waiting[cmd[1].share].append(cmd[1])
+                    self._admit_waiting()
             elif kind == "abort":
                 self._abort(cmd[1])
             elif kind == "abort_all":
-                for t in list(self._live.values()):
+                for t in [*self._live.values(), *self._waiting["single"],
+                          *self._waiting["fanout"]]:
                     self._abort(t)
             elif kind == "call":
                 fn, fut = cmd[1], cmd[2]
@@ -342,8 +367,44 @@ class EngineLoop:
         self.requests_total += 1
         t.sink.put(Admitted(rid, n))
 
+    def _admit_waiting(self) -> None:
+        """Hand waiting requests to the engine while it runs fewer than ``max_running``: the
+        shares in turn; a choice of a several-choice request only while such choices fill
+        less than ``FANOUT_SHARE`` of the batch or no single request waits."""
+        singles, fanout = self._waiting["single"], self._waiting["fanout"]
+        assert self.max_running is not None
+        while (singles or fanout) and len(self._live) < self.max_running:
+            fan_ok = bool(fanout) and self._fanout_room()
+            if singles and (self._single_next or not fan_ok):
+                t = singles.popleft()
+            elif fan_ok:
+                t = fanout.popleft()
+            else:
+                break
+            self._single_next = t.share != "single"
+            self._admit(t)
+
+    def _fanout_room(self) -> bool:
+        """May one more choice of a several-choice request run? While single requests run,
+        wait, or ran within ``SINGLE_GRACE_S`` (a client's next request is on its way), such
+        choices never outnumber them in the running batch (equal shares by kind: a single
+        request shares the engine with at most one flood choice); otherwise they fill up to
+        ``FANOUT_SHARE`` of it."""
+        assert self.max_running is not None
+        running = sum(t.share == "fanout" for t in self._live.values())
+        singles = len(self._live) - running + len(self._waiting["single"])
+        if singles or time.monotonic() - self._single_seen < self.SINGLE_GRACE_S:
+            return running < max(singles, 1)
+        return running < max(int(self.max_running * self.FANOUT_SHARE), 1)
+
     def _abort(self, t: Ticket) -> None:
-        if t.rid is None or t.rid not in self._live:
+        if t.rid is None:
+            q = self._waiting[t.share]
+            if t in q:  # still waiting in the loop: it never reached the engine
+                q.remove(t)
+                self._done(t)
+            return
+        if t.rid not in self._live:
             return
         self.engine.abort(t.rid)
         self._finish(t.rid, None)
@@ -397,6 +458,11 @@ class EngineLoop:
                 self._live.pop(rid)
                 self._done(t)
                 t.sink.put(Chunk([], "", 0, True, "error", error, internal=True))
+        for q in self._waiting.values():  # never handed to the engine
+            while q:
+                t = q.popleft()
+                self._done(t)
+                t.sink.put(Rejected(error or "server is shutting down", status=503))
         # Answer whatever was queued before _closed was set.
         while True:
             try:

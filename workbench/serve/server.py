@@ -212,6 +212,7 @@ def make_loop(engine: Engine, limits: ServeLimits,
               on_fatal: Callable[[str], None] | None = None) -> EngineLoop:
     """The engine loop with the waiting bound: max_batch_size running + ``max_waiting``."""
     return EngineLoop(engine, max_pending=engine.config.max_batch_size + limits.max_waiting,
+                      max_running=engine.config.max_batch_size,
                       on_fatal=on_fatal)
 
 
