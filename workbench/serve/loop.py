@@ -129,7 +129,7 @@ class EngineLoop:
     docs/SERVING.md)."""
 
     FANOUT_SHARE = 0.5
-    SINGLE_GRACE_S = 1.0
+    FANOUT_RAMP_S = 0.1
 
     def __init__(self, engine: Engine, idle_wait_s: float = 0.05, max_pending: int | None = None,
                  on_fatal: Callable[[str], None] | None = None,
@@ -146,7 +146,7 @@ class EngineLoop:
         self._waiting: dict[str, collections.deque[Ticket]] = {
             "single": collections.deque(), "fanout": collections.deque()}
         self._single_next = True  # whose turn it is when both shares wait
-        self._single_seen = -1e9  # monotonic time a single request last finished
+        self._fan_admitted = -1e9  # monotonic time a fan-out choice was last admitted
         self.on_fatal = on_fatal
         self.error: str | None = None  # set when engine.step raised; the loop is then dead
         self.error_id: str | None = None  # names that failure in the log (5xx bodies show it)
@@ -232,8 +232,6 @@ class EngineLoop:
 
     def _done(self, t: Ticket) -> None:
         """Mark ``t`` finished (once) and release its pending slot."""
-        if t.share == "single":
-            self._single_seen = time.monotonic()
         with self._lock:
             if not t.done:
                 t.done = True
@@ -382,28 +380,35 @@ class EngineLoop:
             else:
                 break
             self._single_next = t.share != "single"
+            if t.share == "fanout":
+                self._fan_admitted = time.monotonic()
             self._admit(t)
 
     def _fanout_room(self) -> bool:
-        """May one more choice of a several-choice request run? While single requests run,
-        wait, or ran within ``SINGLE_GRACE_S`` (a client's next request is on its way), such
-        choices never outnumber them in the running batch (equal shares by kind: a single
-        request shares the engine with at most one flood choice); otherwise they fill up to
-        ``FANOUT_SHARE`` of it."""
+        """May one more choice of a several-choice request run? While single requests run or
+        wait, such choices never outnumber them in the running batch (equal shares by kind: a
+        single request shares the engine with at most one flood choice); otherwise they grow
+        by one per ``FANOUT_RAMP_S`` up to ``FANOUT_SHARE`` of it, so the gap between a
+        client's requests does not let a flood fill the batch it will then share."""
         assert self.max_running is not None
         running = sum(t.share == "fanout" for t in self._live.values())
         singles = len(self._live) - running + len(self._waiting["single"])
-        if singles or time.monotonic() - self._single_seen < self.SINGLE_GRACE_S:
-            return running < max(singles, 1)
-        return running < max(int(self.max_running * self.FANOUT_SHARE), 1)
+        if singles:
+            return running < singles
+        return (time.monotonic() - self._fan_admitted >= self.FANOUT_RAMP_S
+                and running < max(int(self.max_running * self.FANOUT_SHARE), 1))
 
     def _abort(self, t: Ticket) -> None:
         if t.rid is None:
             q = self._waiting[t.share]
-            if t in q:  # still waiting in the loop: it never reached the engine
-                q.remove(t)
-                self._done(t)
-            return
+            if t not in q:
+                return
+            # still waiting in the loop: admitted and aborted at once, so whoever waits for
+            # it gets what an aborted request gets (finish_reason "abort")
+            q.remove(t)
+            self._admit(t)
+            if t.rid is None:
+                return  # refused at admission: its sink has the answer
         if t.rid not in self._live:
             return
         self.engine.abort(t.rid)
