@@ -92,8 +92,9 @@ test-notebooks: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m workbench bench spec
 
-# `make report` runs every notebook on the shipped models (≤ 8 min on 2 idle cores);
-# `make report FAST=1` on the micro models (about 2 min). Pages, index.html and the shared
+# `make report` runs every notebook on the shipped models (goal: ≤ 20 min on 2 idle cores);
+# `make report FAST=1` on the micro models (goal: ≤ 5 min). Each page's stamp and the index
+# give its run time and the load it ran under. Pages, index.html and the shared
 # vendor/ folder go to reports/ (open reports/index.html; copy the folder as a whole).
 REPORT_FLAGS := $(if $(filter 1,$(FAST)),--fast,)
 report: $(STAMP) browser
