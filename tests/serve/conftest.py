@@ -1,3 +1,10 @@
 """Fixtures: a live server and solo greedy references (defined in serving.py)."""
 
-from serve.serving import http, reference_engine, serve_head, server, solo  # noqa: F401
+from serve.serving import (  # noqa: F401
+    canary_text,
+    http,
+    reference_engine,
+    serve_head,
+    server,
+    solo,
+)

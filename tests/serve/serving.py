@@ -2,7 +2,11 @@
 on), solo greedy reference outputs from a second engine, SSE helpers.
 
 The fixtures are re-exported by tests/serve/conftest.py and tests/remote/conftest.py (each
-directory then gets its own session server); test modules import the helpers from here."""
+directory then gets its own session server); test modules import the helpers from here.
+
+The adversarial catalogues (tests/serve/test_adversarial_*.py) each define a module-scoped
+``adv`` server with their own limits; ``canary_text`` and :func:`still_serves` check that it
+still answers a normal request (``CANARY``) exactly as before."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 import workbench as wb
@@ -20,6 +25,8 @@ from workbench.serve.server import ServeLimits, ServerHandle, start_server
 
 SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 ENGINE_CONFIG = wb.EngineConfig(kv_budget_tokens=8192, max_model_len=256)
+CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
+                                                          "ignore_eos": True}}
 TEXT_PROMPTS = ["def parse(path):", "import os\n", "class Node:", "    return ", "for i in range(",
                 "# a comment\n", "x = [", "while True:"]
 
@@ -47,6 +54,15 @@ def sse_json(lines: Iterator[str]) -> list[dict]:
 def micro_engine(target: Path, head: Path) -> wb.Engine:
     """The serving tests' engine: ``target`` with the draft ``head``, speculation off."""
     return wb.Engine.from_pretrained(target, draft=head, config=ENGINE_CONFIG)
+
+
+def still_serves(adv: ServerHandle, canary_text: str) -> None:
+    """The server answers a normal request with the same text as before, and frees all KV."""
+    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == canary_text
+    assert adv.wait_idle(30)
+    assert adv.kv_usage()["used_blocks"] == 0
 
 
 @contextlib.contextmanager
@@ -93,6 +109,14 @@ def parse_metrics(text: str) -> dict[str, float]:
             labels = "{" + rest + "}" if rest else ""
         out[name + labels] = float(m.group(3))
     return out
+
+
+@pytest.fixture(scope="module")
+def canary_text(adv: ServerHandle) -> str:
+    """``CANARY``'s text from the requesting module's ``adv`` server (once per module)."""
+    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
+    assert r.status_code == 200, r.text
+    return str(r.json()["text"])
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve.serving import serving
+from serve.serving import CANARY, serving, still_serves
 
 import workbench as wb
 from workbench.config import SEED_MAX
@@ -39,8 +39,6 @@ from workbench.serve.server import ServeLimits, ServerHandle, api_key_from_args
 
 ENTRIES = 20_000
 LIMITS = ServeLimits(max_logprob_entries=ENTRIES, read_timeout_s=5.0, keep_alive_s=2.0)
-CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
-                                                          "ignore_eos": True}}
 RAISING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
                     "{{ raise_exception('system messages are not supported') }}{% endif %}"
                     "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>")
@@ -58,21 +56,6 @@ def adv(micro_target: Path, serve_head: Path, tmp_path_factory: pytest.TempPathF
     cfg_path.write_text(json.dumps(cfg))
     with serving(folder, serve_head, LIMITS) as handle:
         yield handle
-
-
-@pytest.fixture(scope="module")
-def canary_text(adv: ServerHandle) -> str:
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    return str(r.json()["text"])
-
-
-def still_serves(adv: ServerHandle, canary_text: str) -> None:
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    assert r.json()["text"] == canary_text
-    assert adv.wait_idle(30)
-    assert adv.kv_usage()["used_blocks"] == 0
 
 
 def refused(adv: ServerHandle, path: str, body: Any, field: str, status: int = 400) -> str:

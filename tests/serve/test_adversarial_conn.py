@@ -27,36 +27,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve.serving import serving
+from serve.serving import CANARY, serving, still_serves
 
 from workbench.serve.server import ServeLimits, ServerHandle
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_header_bytes=16 << 10, read_timeout_s=3.0,
                      keep_alive_s=1.0, write_timeout_s=1.0, max_connections=48,
                      limit_concurrency=6, max_logprob_entries=8 << 20)
-CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
-                                                          "ignore_eos": True}}
 
 
 @pytest.fixture(scope="module")
 def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
     with serving(micro_target, serve_head, LIMITS) as handle:
         yield handle
-
-
-@pytest.fixture(scope="module")
-def canary_text(adv: ServerHandle) -> str:
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    return str(r.json()["text"])
-
-
-def still_serves(adv: ServerHandle, canary_text: str) -> None:
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    assert r.json()["text"] == canary_text
-    assert adv.wait_idle(30)
-    assert adv.kv_usage()["used_blocks"] == 0
 
 
 def address(adv: ServerHandle) -> tuple[str, int]:

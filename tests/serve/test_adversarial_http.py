@@ -29,15 +29,13 @@ from typing import Any
 
 import httpx
 import pytest
-from serve.serving import TEXT_PROMPTS, serving
+from serve.serving import CANARY, TEXT_PROMPTS, serving, still_serves
 
 import workbench as wb
 from workbench.serve.server import ServeLimits, ServerHandle
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, max_prompt_chars=4096, read_timeout_s=1.0,
                      keep_alive_s=1.0, max_header_bytes=16 << 10, health_step_s=1.0)
-CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "temperature": 0,
-                                                          "ignore_eos": True}}
 DEADLINE_S = 15.0  # a connection case that is not over by then has hung
 
 
@@ -47,26 +45,10 @@ def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
         yield handle
 
 
-@pytest.fixture(scope="module")
-def canary_text(adv: ServerHandle) -> str:
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    return str(r.json()["text"])
-
-
 @pytest.fixture()
 def client(adv: ServerHandle) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=adv.url, timeout=60) as c:
         yield c
-
-
-def still_serves(adv: ServerHandle, canary_text: str) -> None:
-    """The server answers a normal request with the same text as before, and frees all KV."""
-    r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
-    assert r.status_code == 200, r.text
-    assert r.json()["text"] == canary_text
-    assert adv.wait_idle(30)
-    assert adv.kv_usage()["used_blocks"] == 0
 
 
 def gen(text: str = "def f(", **sp: Any) -> dict[str, Any]:
