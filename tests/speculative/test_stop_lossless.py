@@ -24,15 +24,20 @@ N = 24
 FAST = ("chain S3", "S5 K4 N16", "S6 K8 N32")
 
 
+def unstopped(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
+              ) -> list[tuple[list[int], str]]:
+    """Per prompt: its own continuation under ``sp`` (``N`` tokens, EOS ignored) as token ids
+    and text; the stop suites take their stops from its middle."""
+    free = dataclasses.replace(sp, max_new_tokens=N, ignore_eos=True)
+    outs = engine.generate(ps, [free] * len(ps))
+    return [(o.token_ids, engine.tokenizer.decode(o.token_ids)) for o in outs]
+
+
 def with_stops(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
                ) -> list[wb.SamplingParams]:
     """Per prompt: a stop token id and a stop string from the middle of its own baseline."""
-    free = dataclasses.replace(sp, max_new_tokens=N, ignore_eos=True)
-    outs = engine.generate(ps, [free] * len(ps))
     sps = []
-    for i, o in enumerate(outs):
-        ids = o.token_ids
-        text = engine.tokenizer.decode(ids)
+    for i, (ids, text) in enumerate(unstopped(engine, ps, sp)):
         mid = len(text) // 2
         stop = text[mid : mid + 2].strip() or text[mid : mid + 2]
         kind = i % 3  # strings only, token ids only, both
@@ -80,6 +85,19 @@ def run(engine: wb.Engine, ps: list[list[int]], sps: list[wb.SamplingParams],
         engine.set_spec(None)
 
 
+def spec_equals_baseline(engine: wb.Engine, ps: list[list[int]], sps: list[wb.SamplingParams],
+                         spec: wb.SpecConfig, batch: int,
+                         ) -> tuple[list[wb.RequestOutput], list[wb.RequestOutput]]:
+    """:func:`run` without then with ``spec``; asserts the outputs are the same (ids, trimmed
+    text, finish reason, the matched stop) and returns both, baseline first."""
+    base = run(engine, ps, sps, None, batch)
+    out = run(engine, ps, sps, spec, batch)
+    for b, s in zip(base, out, strict=True):
+        assert (s.token_ids, s.text, s.finish_reason, s.matched_stop) == \
+            (b.token_ids, b.text, b.finish_reason, b.matched_stop)
+    return base, out
+
+
 def check_exact_stop(engine: wb.Engine, o: wb.RequestOutput, sp: wb.SamplingParams) -> None:
     k = first_stop(engine, o.token_ids, sp)
     if k is None:
@@ -106,11 +124,8 @@ def sweep(name: str) -> list:
 def test_greedy_stops_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -> None:
     ps = prompts(13 if batch > 1 else 4, seed=100 + batch)
     sps = with_stops(engine, ps, wb.SamplingParams())
-    base = run(engine, ps, sps, None, batch)
-    spec = run(engine, ps, sps, CONFIGS[name], batch)
-    for b, s, sp in zip(base, spec, sps, strict=True):
-        assert (s.token_ids, s.text, s.finish_reason, s.matched_stop) == \
-            (b.token_ids, b.text, b.finish_reason, b.matched_stop)
+    base, spec = spec_equals_baseline(engine, ps, sps, CONFIGS[name], batch)
+    for b, sp in zip(base, sps, strict=True):
         check_exact_stop(engine, b, sp)
     assert any(o.finish_reason == "stop" and isinstance(o.matched_stop, str) for o in spec)
     assert any(o.finish_reason == "stop" and isinstance(o.matched_stop, int) for o in spec)

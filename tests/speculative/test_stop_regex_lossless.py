@@ -17,23 +17,24 @@ import re
 
 import pytest
 from speculative.test_lossless import CONFIGS, prompts
-from speculative.test_stop_lossless import run
+from speculative.test_stop_lossless import (
+    FAST,
+    N,
+    run,
+    spec_equals_baseline,
+    sweep,
+    unstopped,
+)
 
 import workbench as wb
 from workbench.stop_regex import WINDOW_CHARS, compile_pattern
-
-N = 24
-FAST = ("chain S3", "S5 K4 N16", "S6 K8 N32")
 
 
 def with_regex(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
                ) -> list[wb.SamplingParams]:
     """Per prompt: a pattern built from two characters in the middle of its own baseline."""
-    free = dataclasses.replace(sp, max_new_tokens=N, ignore_eos=True)
-    outs = engine.generate(ps, [free] * len(ps))
     sps = []
-    for i, o in enumerate(outs):
-        text = engine.tokenizer.decode(o.token_ids)
+    for i, (_, text) in enumerate(unstopped(engine, ps, sp)):
         mid = len(text) // 2
         a, b = (text[mid : mid + 2] + "xy")[:2]
         kind = i % 3
@@ -67,21 +68,14 @@ def check_exact_stop(engine: wb.Engine, o: wb.RequestOutput, sp: wb.SamplingPara
     assert o.text == (full if cut == -1 else full[:cut])
 
 
-def sweep(name: str) -> list:
-    return [pytest.param(name, marks=() if name in FAST else pytest.mark.slow)]
-
-
 @pytest.mark.parametrize("name", [p for n in sorted(CONFIGS) for p in sweep(n)])
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_greedy_stop_regex_spec_equals_baseline(engine: wb.Engine, name: str,
                                                 batch: int) -> None:
     ps = prompts(13 if batch > 1 else 4, seed=300 + batch)
     sps = with_regex(engine, ps, wb.SamplingParams())
-    base = run(engine, ps, sps, None, batch)
-    spec = run(engine, ps, sps, CONFIGS[name], batch)
-    for b, s, sp in zip(base, spec, sps, strict=True):
-        assert (s.token_ids, s.text, s.finish_reason, s.matched_stop) == \
-            (b.token_ids, b.text, b.finish_reason, b.matched_stop)
+    base, spec = spec_equals_baseline(engine, ps, sps, CONFIGS[name], batch)
+    for b, sp in zip(base, sps, strict=True):
         check_exact_stop(engine, b, sp)
     assert any(o.finish_reason == "stop" for o in spec)
     assert any(sum(o.from_draft) for o in spec), "no draft token was accepted"
