@@ -1,9 +1,14 @@
-"""Reliability test kit: micro engines, prompts, a bounded drain, greedy references."""
+"""Reliability test kit: micro engines, prompts, a bounded drain, greedy references, and
+``workbench serve`` in a subprocess for the measure_*.py scripts."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import workbench as wb
@@ -39,3 +44,22 @@ def drain(e: wb.Engine, max_steps: int = 2000) -> int:
 
 def kv_used(e: wb.Engine) -> int:
     return e.kv_usage()["used_blocks"]
+
+
+def serve_subprocess(model: str, draft: str) -> tuple[subprocess.Popen[str], str]:
+    """``python -m workbench serve`` on a free loopback port in a subprocess (so a load generator
+    does not share its interpreter): the process and its URL, once it has printed its banner.
+    Its stderr keeps being drained; the caller terminates it."""
+    proc = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--model", model,
+                             "--draft", draft, "--port", "0"], stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stderr is not None
+    url = None
+    for line in proc.stderr:
+        m = re.search(r"serving .* on (http://\S+)", line)
+        if m:
+            url = m.group(1)
+            break
+    assert url, "no banner"
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    return proc, url

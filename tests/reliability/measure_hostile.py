@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (reliability.kit)
+
+from reliability.kit import serve_subprocess  # noqa: E402
 
 NORMAL = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 16,
                                                           "temperature": 0}}
@@ -68,18 +70,7 @@ def main() -> int:
     ap.add_argument("--draft", default="data/models/wb-eagle3")
     ap.add_argument("--mb", type=int, default=50)
     ns = ap.parse_args()
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--model", ns.model,
-                             "--draft", ns.draft, "--port", "0"], stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        m = re.search(r"serving .* on (http://\S+)", line)
-        if m:
-            url = m.group(1)
-            break
-    assert url, "no banner"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    proc, url = serve_subprocess(ns.model, ns.draft)
     host, port = url[7:].rsplit(":", 1)
     try:
         httpx.post(url + "/generate", json=NORMAL, timeout=300).raise_for_status()

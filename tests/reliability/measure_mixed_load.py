@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,6 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (serve.hostile_load)
 
+from reliability.kit import serve_subprocess  # noqa: E402
 from serve.hostile_load import mixed_load  # noqa: E402
 
 NORMAL = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 16,
@@ -75,18 +73,7 @@ def main() -> int:
     ap.add_argument("--scale", type=int, default=1, help="multiplies the n=16 flood threads")
     ap.add_argument("--only", default=None, help="only the hostile kinds whose name has this")
     ns = ap.parse_args()
-    proc = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--model", ns.model,
-                             "--draft", ns.draft, "--port", "0"], stderr=subprocess.PIPE,
-                            text=True)
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        m = re.search(r"serving .* on (http://\S+)", line)
-        if m:
-            url = m.group(1)
-            break
-    assert url, "no banner"
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+    proc, url = serve_subprocess(ns.model, ns.draft)
     try:
         httpx.post(url + "/generate", json=NORMAL, timeout=300).raise_for_status()
         print(f"load average before: {os.getloadavg()}")
