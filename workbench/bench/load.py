@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from workbench.bench.spec import timed_arms
 from workbench.config import SamplingParams, SpecConfig
 from workbench.engine import contention
 from workbench.errors import ConfigError
@@ -160,17 +161,10 @@ def _phase(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None
            sp: SamplingParams, phase: int, condition: str) -> list[dict[str, Any]]:
     rows = []
     for i, p in enumerate(prompts):
-        base: list[int] | None = None
-        for arm, spec in arms.items():
-            t0 = time.perf_counter()
-            out = engine.generate([p], sp, spec=spec)[0]
-            dt = time.perf_counter() - t0
-            if spec is None:
-                base = out.token_ids
+        for arm, out, dt, lossless in timed_arms(engine, p, arms, sp):
             rows.append({"phase": phase, "condition": condition, "prompt": i, "arm": arm,
                          "tokens": len(out.token_ids), "seconds": dt,
-                         "tok_s": len(out.token_ids) / dt,
-                         "lossless": base is not None and out.token_ids == base})
+                         "tok_s": len(out.token_ids) / dt, "lossless": lossless})
     return rows
 
 

@@ -19,6 +19,7 @@ from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
 
 if TYPE_CHECKING:
+    from workbench.core import RequestOutput
     from workbench.engine.engine import Engine
 
 DEFAULT_ARMS: dict[str, SpecConfig | None] = {
@@ -27,6 +28,23 @@ DEFAULT_ARMS: dict[str, SpecConfig | None] = {
     "tree S5 K4 N16": SpecConfig(num_steps=5, topk=4, num_draft_tokens=16),
     "tree S6 K8 N32": SpecConfig(num_steps=6, topk=8, num_draft_tokens=32),
 }
+
+
+def timed_arms(engine: Engine, prompt: Any, arms: dict[str, SpecConfig | None],
+               sp: SamplingParams) -> list[tuple[str, RequestOutput, float, bool]]:
+    """``prompt`` generated alone once per arm, in ``arms``' order: (arm, output, seconds,
+    lossless); ``lossless`` = the same token ids as the baseline arm's (``spec`` None), so
+    False for an arm before the baseline or in a run without one."""
+    rows = []
+    base: list[int] | None = None
+    for name, spec in arms.items():
+        t0 = time.perf_counter()
+        out = engine.generate([prompt], sp, spec=spec)[0]
+        dt = time.perf_counter() - t0
+        if spec is None:
+            base = out.token_ids
+        rows.append((name, out, dt, base is not None and out.token_ids == base))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -92,17 +110,11 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     load = LoadSampler().start()
     todo = [(r, i, p) for r in range(repeats) for i, p in enumerate(prompts)]
     for r, i, p in tqdm(todo, desc="bench spec", unit="prompt", disable=not progress):
-        base_ids: list[int] | None = None
-        for name, spec in arms.items():
-            t0 = time.perf_counter()
-            out = engine.generate([p], sp, spec=spec)[0]
-            dt = time.perf_counter() - t0
-            if spec is None:
-                base_ids = out.token_ids
+        for name, out, dt, lossless in timed_arms(engine, p, arms, sp):
             rows.append({"repeat": r, "prompt": i, "arm": name, "tokens": len(out.token_ids),
                          "seconds": dt, "tok_s": len(out.token_ids) / dt,
                          "tau": out.metrics.accept_length, "verify_ct": out.metrics.verify_ct,
-                         "lossless": base_ids is not None and out.token_ids == base_ids})
+                         "lossless": lossless})
     load.stop()
     df = pd.DataFrame(rows)
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
