@@ -14,6 +14,7 @@ import contextlib
 import json
 import random
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -49,6 +50,20 @@ def sse_json(lines: Iterator[str]) -> list[dict]:
     payloads = sse_payloads(lines)
     assert payloads and payloads[-1] == "[DONE]", payloads[-3:]
     return [json.loads(p) for p in payloads[:-1]]
+
+
+def with_chat_template(target: Path, folder: Path, template: str | None) -> Path:
+    """A copy of the model folder ``target`` at ``folder`` whose tokenizer_config.json has
+    ``template`` as its chat template, or none (``template`` None: ``target`` must have one)."""
+    shutil.copytree(target, folder)
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if template is None:
+        assert cfg.pop("chat_template")  # train-target writes one
+    else:
+        cfg["chat_template"] = template
+    cfg_path.write_text(json.dumps(cfg))
+    return folder
 
 
 def micro_engine(target: Path, head: Path) -> wb.Engine:

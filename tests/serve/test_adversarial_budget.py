@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve.serving import CANARY, serving, still_serves
+from serve.serving import CANARY, serving, still_serves, with_chat_template
 
 import workbench as wb
 from workbench.config import SEED_MAX
@@ -48,12 +47,8 @@ RAISING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
 def adv(micro_target: Path, serve_head: Path, tmp_path_factory: pytest.TempPathFactory,
         ) -> Iterator[ServerHandle]:
     """The micro model with a chat template that refuses system messages."""
-    folder = tmp_path_factory.mktemp("raising_chat") / "model"
-    shutil.copytree(micro_target, folder)
-    cfg_path = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = RAISING_TEMPLATE
-    cfg_path.write_text(json.dumps(cfg))
+    folder = with_chat_template(micro_target, tmp_path_factory.mktemp("raising_chat") / "model",
+                                RAISING_TEMPLATE)
     with serving(folder, serve_head, LIMITS) as handle:
         yield handle
 

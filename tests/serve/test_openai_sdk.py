@@ -4,15 +4,13 @@ a chat template of its own here; a model without one → a 400 naming it)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 import torch
-from serve.serving import TEXT_PROMPTS, serving
+from serve.serving import TEXT_PROMPTS, serving, with_chat_template
 
 import workbench as wb
 from workbench.serve.server import ServerHandle
@@ -31,12 +29,8 @@ def client(server: ServerHandle) -> openai.OpenAI:
 def chat_server(micro_target: Path, serve_head: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The micro model with a chat template in its tokenizer_config.json."""
-    folder = tmp_path_factory.mktemp("chat_model") / "model"
-    shutil.copytree(micro_target, folder)
-    cfg_path = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = TEMPLATE
-    cfg_path.write_text(json.dumps(cfg))
+    folder = with_chat_template(micro_target, tmp_path_factory.mktemp("chat_model") / "model",
+                                TEMPLATE)
     with serving(folder, serve_head) as handle:
         yield handle
 
@@ -145,12 +139,7 @@ def test_chat_without_template_names_it(micro_target: Path, serve_head: Path,
                                         tmp_path: Path) -> None:
     """A user model whose tokenizer has no chat template (the workbench's own models ship
     one): chat is a 400 naming messages and the missing template."""
-    folder = tmp_path / "model"
-    shutil.copytree(micro_target, folder)
-    cfg_path = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    assert cfg.pop("chat_template")  # train-target writes one
-    cfg_path.write_text(json.dumps(cfg))
+    folder = with_chat_template(micro_target, tmp_path / "model", None)
     with serving(folder, serve_head) as handle:
         client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as e:
