@@ -27,9 +27,12 @@ def test_calibrate_leaves_no_kv(engine: wb.Engine) -> None:
     cm = calibrate(engine, batch_sizes=(1, 2, 4), repeats=1, shape=(3, 2, 6), step_tokens=4)
     assert engine.kv_usage()["used_blocks"] == 0
     assert engine.stats.steps == steps_before  # calibration runs do not pollute the stats
-    assert cm.target.b > 0 and cm.draft_ms(1) > 0
-    assert 0 < cm.plain_step_ms(1) < cm.spec_step_ms(1, 3, 2, 6)
-    assert cm.spec_step_ms(4, 3, 2, 6) > cm.spec_step_ms(1, 3, 2, 6)
+    # what the fit says about speed (spec vs plain, batch 4 vs 1) is a measurement: it lives in
+    # `bench` and the notebooks; under load a fit may even rank them the other way. Here: a
+    # usable model, every step prediction positive and finite.
+    for ms in (cm.plain_step_ms(1), cm.spec_step_ms(1, 3, 2, 6),
+               cm.spec_step_ms(4, 3, 2, 6)):
+        assert 0 < ms < float("inf")
 
 
 def test_measure_tau_restores_stats_and_frees_kv(engine: wb.Engine) -> None:
