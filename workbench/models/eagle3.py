@@ -183,6 +183,10 @@ class Eagle3Layer(nn.Module):
 class Eagle3Draft(nn.Module):
     """The head. ``embed`` is the target's embedding unless the checkpoint ships its own."""
 
+    # buffers (register_buffer in __init__): draft id i → target id i + d2t[i]; target ids kept
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, cfg: Eagle3Config, embed: nn.Embedding | None = None) -> None:
         super().__init__()
         self.config = cfg

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -167,6 +167,11 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = Rotary(cfg)
 
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """``layers`` as their class (a ModuleList iterates as plain Modules; every entry is a
+        DecoderLayer, built above)."""
+        return [cast(DecoderLayer, layer) for layer in self.layers]
+
 
 @dataclass(frozen=True)
 class FastLayer:
@@ -229,7 +234,8 @@ class LlamaForCausalLM(nn.Module):
         """Build the inference weights (see :class:`FastLayer`); call again after changing the
         parameters. q/k/v and gate/up become single GEMMs; parameters stay valid for training
         (:func:`fuse_linears`). ``gemm``: see :func:`resolve_gemm`; the choice is ``self.gemm``."""
-        for layer in self.model.layers:
+        layers = self.model.decoder_layers()
+        for layer in layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.gemm = resolve_gemm(gemm, self.lm_head.weight)
@@ -241,7 +247,7 @@ class LlamaForCausalLM(nn.Module):
                 fuse_linears([self.lm_head])
                 head = self.lm_head.weight
         self._head = prepare_weight(head, self.gemm)
-        self._fast = [FastLayer.of(layer, self.gemm) for layer in self.model.layers]
+        self._fast = [FastLayer.of(layer, self.gemm) for layer in layers]
 
     # -- engine path -----------------------------------------------------------------------
     def forward(
@@ -306,7 +312,7 @@ class LlamaForCausalLM(nn.Module):
             self.fuse()
         if self.gemm == "dense":
             return list(self._fast)  # type: ignore[arg-type]
-        return [FastLayer.of(layer, "dense") for layer in self.model.layers]
+        return [FastLayer.of(layer, "dense") for layer in self.model.decoder_layers()]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (T, D) → logits (T, V) in float32."""
@@ -327,7 +333,7 @@ class LlamaForCausalLM(nn.Module):
         pos = torch.arange(t, device=input_ids.device)
         cos, sin = m.rotary_emb.cos_sin(pos, x.dtype)
         taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(m.decoder_layers()):
             if i in aux_layers:
                 taps[i] = x
             a = layer.self_attn

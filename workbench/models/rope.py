@@ -44,6 +44,8 @@ class Rotary(nn.Module):
     (the tables are plain attributes, not buffers, so ``Module.to`` does not move them: a table
     on another device than ``inv_freq`` is rebuilt)."""
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer in __init__)
+
     def __init__(self, cfg: ModelConfig, device: torch.device | str | None = None) -> None:
         super().__init__()
         inv = rope_inv_freq(cfg, device)
