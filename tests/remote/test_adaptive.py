@@ -77,6 +77,11 @@ def test_policies_to_tiers_and_decisions() -> None:
     assert policy_steps(wb.BatchThreshold(3), 3, 5) == 5
     assert policy_steps(wb.BatchThreshold(3), 4, 5) == 0
     assert policy_steps(wb.RandomFlip(), 4, 5) is None
+    # "auto" is an engine's to resolve (workbench.engine.policy_init): refused here, named
+    for call in (lambda: tiers_for_policy(wb.BatchThreshold("auto"), 5),
+                 lambda: policy_steps(wb.BatchThreshold("auto"), 4, 5)):
+        with pytest.raises(wb.ConfigError, match="spec.policy: .* resolved by a local engine"):
+            call()
 
 
 def test_threshold_differences_and_nearest_exact() -> None:

@@ -176,6 +176,16 @@ class Tiers:
         return Route(batch_size, padded, key, ordered, steps)
 
 
+def threshold_n(policy: BatchThreshold) -> int:
+    """``policy.n`` as a batch size. ``BatchThreshold("auto")`` is resolved by a local engine
+    on its machine (``Engine.set_spec``), never for SGLang: refused."""
+    n = policy.n
+    if isinstance(n, str):
+        raise ConfigError(f"spec.policy: {policy!r} is resolved by a local engine on its "
+                          "machine; give SGLang a resolved policy (e.g. BatchThreshold(n))")
+    return n
+
+
 def tiers_for_policy(policy: Any, num_steps: int) -> Tiers | None:
     """Adaptive tiers that make SGLang follow ``policy`` at ``num_steps`` draft steps.
 
@@ -187,9 +197,10 @@ def tiers_for_policy(policy: Any, num_steps: int) -> Tiers | None:
     if policy is None or isinstance(policy, Always) or isinstance(policy, Never):
         return None
     if isinstance(policy, BatchThreshold):
-        if policy.n == 0:
+        n = threshold_n(policy)
+        if n == 0:
             return None
-        return Tiers.of({1: [num_steps], policy.n + 1: [0]})
+        return Tiers.of({1: [num_steps], n + 1: [0]})
     if isinstance(policy, StepTable):
         tiers: dict[int, list[int]] = {}
         last: int | None = None
@@ -217,7 +228,7 @@ def policy_steps(policy: Any, batch_size: int, num_steps: int) -> int | None:
     if isinstance(policy, Never):
         return 0
     if isinstance(policy, BatchThreshold):
-        return num_steps if batch_size <= policy.n else 0
+        return num_steps if batch_size <= threshold_n(policy) else 0
     if isinstance(policy, StepTable):
         shape = policy.lookup(batch_size)
         return 0 if shape is None else shape[0]

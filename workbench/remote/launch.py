@@ -60,6 +60,7 @@ from workbench.remote.adaptive import (
     nearest_exact_thresholds,
     parse_version,
     routing_rows,
+    threshold_n,
     tiers_for_policy,
 )
 
@@ -239,7 +240,8 @@ def launch_plan(target: str, draft: str | None = None, tp: int = 8,
             notes.append(f"policy {policy!r}: decides at run time (workbench-only); SGLang's "
                          "adaptive tiers are a fixed table by batch size. Launched as Always()")
         elif adaptive_ok:
-            if isinstance(policy, BatchThreshold) and policy.n > 0 and spec.topk != 1:
+            if (isinstance(policy, BatchThreshold) and threshold_n(policy) > 0
+                    and spec.topk != 1):
                 raise ConfigError(
                     f"spec.topk: {spec.topk}, but SGLang's adaptive tiers (how BatchThreshold"
                     f"({policy.n}) runs upstream) need --speculative-eagle-topk 1; with topk "
@@ -342,7 +344,7 @@ def _with_differences(plan: LaunchPlan, policy: Any) -> LaunchPlan:
                      f"capture list {list(plan.capture_bs or [])} and runs another tier than "
                      f"{policy!r} asks for")
         if isinstance(policy, BatchThreshold):
-            proposed = tuple(nearest_exact_thresholds(policy.n, plan.capture_bs,
+            proposed = tuple(nearest_exact_thresholds(threshold_n(policy), plan.capture_bs,
                                                       len(rows)))
             exact = " or ".join(f"BatchThreshold({m})" for m in proposed)
             notes.append(f"exact with this capture list: {exact} — or drop "
