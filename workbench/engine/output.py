@@ -26,7 +26,7 @@ class Cut(NamedTuple):
     """Where :meth:`OutputProcessor.append_tokens` stops in a block of new tokens."""
 
     keep: int  # tokens appended
-    reason: str | None  # "stop" / "length" (the request finishes), or None
+    reason: ev.FinishReason | None  # "stop" / "length" (the request finishes), or None
     matched: int | str | None  # the stop id or string that matched ("stop")
     scan: ScanState | None = None  # the text scan after the tokens it fed (None: no text stops)
 
@@ -129,7 +129,7 @@ class OutputProcessor:
         self.finish(r, "error")
         outputs[r.rid] = StepOutput(r.rid, [], True, "error", r.error)
 
-    def finish(self, r: Request, reason: str) -> None:
+    def finish(self, r: Request, reason: ev.FinishReason) -> None:
         assert self.scheduler is not None
         r.finish_reason = reason
         r.metrics.finished = time.perf_counter()

@@ -28,7 +28,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from workbench.core import LogprobParams, RequestOutput
+from workbench.core import LogprobParams, RequestOutput, TopLogprobs
 from workbench.serve.frontend import (
     AbortingStream,
     AsyncSink,
@@ -71,10 +71,10 @@ def completion_logprobs(out: RequestOutput, tok_text: Callable[[int], str], echo
     first. Output tokens from index ``first_output`` on (streaming sends the rest later)."""
     tokens: list[str] = []
     lps: list[float | None] = []
-    tops: list[dict[str, float] | None] = []
+    tops: list[TopLogprobs | None] = []  # rows of (token id, logprob), as the engine gives
     ids: list[int] = []
 
-    def top(row: list[tuple[int, float]] | None) -> dict[str, float] | None:
+    def top(row: TopLogprobs | None) -> dict[str, float] | None:
         if row is None:
             return None
         d: dict[str, float] = {}
@@ -85,7 +85,7 @@ def completion_logprobs(out: RequestOutput, tok_text: Callable[[int], str], echo
     if echo if with_prompt is None else with_prompt:
         ids += out.prompt_ids
         lps += list(out.input_logprobs or [None] * len(out.prompt_ids))
-        tops += list(out.input_top_logprobs or [{}] * len(out.prompt_ids))
+        tops += list(out.input_top_logprobs or [[]] * len(out.prompt_ids))
     new = out.token_ids[first_output:]
     ids += new
     lps += list((out.output_logprobs or [])[first_output:first_output + len(new)])
