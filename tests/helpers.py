@@ -73,3 +73,13 @@ def write_trained_target(out: Path, corpus: Path, work: Path, **overrides: Any) 
         ckpt_every=100, eval_batches=2, threads=1, seed=0)
     settings.update(overrides)
     return train_target(TargetTrainConfig(**settings))
+
+
+def busy_provisional() -> list[str]:
+    """The choices a start on a busy CPU measures provisionally: the GEMM path, and the thread
+    count too when the process has more than one thread to adapt (OMP_NUM_THREADS=2 in
+    `make test`, 1 in a helper's run)."""
+    from workbench.engine import contention
+
+    threads = max(torch.get_num_threads(), contention.PROCESS_THREADS)
+    return (["threads"] if threads > 1 else []) + ["gemm"]
