@@ -205,7 +205,14 @@ def test_engine_records_threads_and_adapts_mid_run(
         moves = [(a.before, a.after) for a in e.contention.log]
         assert moves[:2] == [(1, 2), (2, 1)] and len(moves) >= 4
         assert e.choices["threads"]["note"].startswith("re-measured")
-        assert e.choices["threads"]["provisional"] is True
+        # provisional exactly when the re-measurement ran under contention
+        assert e.choices["threads"]["provisional"] is \
+            bool(e.contention.log[-1].conditions["contended"])
+        for contended in (True, False):
+            e._threads_adapted(contention.Adaptation(
+                0.0, "drift", {"contended": contended, "others": 1.1 if contended else 0.0},
+                {1: {"p": 1.0}, 2: {"p": 2.0}}, 2, 1))
+            assert e.choices["threads"]["provisional"] is contended
 
 
 def test_quiet_machine_keeps_all_cores(threads: None, micro_target: Path) -> None:

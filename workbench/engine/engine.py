@@ -173,13 +173,16 @@ class Engine:
         return {"decode M=1": gemm_pass(target, 1), "verify M=16": gemm_pass(target, 16)}
 
     def _threads_adapted(self, a: Adaptation) -> None:
-        """The contention monitor re-measured the thread count: the choice says so."""
+        """The contention monitor re-measured the thread count: the choice says so. It is
+        provisional only when measured under contention (a drift-triggered re-measurement on a
+        quiet machine is a quiet measurement, and --strict must not refuse a quiet run for it)."""
         from workbench.engine import autotune
 
         self.choices["threads"] = autotune.Choice(
             "threads", str(a.after), "measured", tuple(str(n) for n in a.timings_ms),
             {str(n): t for n, t in a.timings_ms.items()}, note=f"re-measured: {a.reason}",
-            provisional=True, conditions={**a.conditions, "cpu": autotune.cpu_model()}).to_dict()
+            provisional=bool(a.conditions["contended"]),
+            conditions={**a.conditions, "cpu": autotune.cpu_model()}).to_dict()
 
     def _stage_allocate_kv(self) -> None:
         assert self.model_config is not None
