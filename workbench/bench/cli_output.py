@@ -68,7 +68,8 @@ def run_choices(engine: Engine) -> dict[str, Any]:
         from workbench.machine import cpu_model
 
         ch["adaptations"] = {"choice": f"{len(mon.log)} thread-count re-measurement(s)",
-                             "source": "measured", "provisional": True,
+                             "source": "measured",
+                             "provisional": any(a.conditions.get("contended") for a in mon.log),
                              "conditions": {**mon.log[-1].conditions, "cpu": cpu_model()},
                              "log": [{"reason": a.reason, "before": a.before, "after": a.after,
                                       "conditions": a.conditions} for a in mon.log]}

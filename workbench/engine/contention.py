@@ -125,7 +125,10 @@ class Conditions:
         if self.others is None and self.load1 is not None and self.load1 > self.cores:
             # the 1-min average lags by a minute: only a witness where others is not measured
             out.append(f"load {self.load1:.1f} > {self.cores} cores")
-        if self.drift is not None and self.drift >= DRIFT:
+        if self.others is None and self.drift is not None and self.drift >= DRIFT:
+            # like the load average, only a witness where others is not measured: on a machine
+            # where nobody else runs, slower steps are the workload's own (longer contexts,
+            # another mix of step kinds), and a quiet run must not read as contended
             out.append(f"steps {self.drift:.1f}x their calibration")
         return out
 
