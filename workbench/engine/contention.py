@@ -156,6 +156,9 @@ class Conditions:
         return f"{head} ({', '.join(facts)})"
 
 
+RESOLVE_S = 0.12  # a look long enough for /proc/stat's 10 ms ticks to resolve others' use
+
+
 def between(a: CpuSample | None, b: CpuSample | None, drift: float | None = None) -> Conditions:
     """The conditions over the window from sample ``a`` to sample ``b``."""
     n = cores()
@@ -337,6 +340,11 @@ class ContentionMonitor:
         self._last_check = now
         sample = cpu_sample()
         cond = between(self._sample, sample, self.drift)
+        if cond.others is None and sample is not None:
+            # a window too short for /proc/stat's ticks (a drift asks early): look a little
+            # longer rather than let an unmeasured window read the drift as contention
+            cond = dataclasses.replace(measure(RESOLVE_S), drift=self.drift)
+            sample = cpu_sample()
         self._sample = sample
         threads = torch.get_num_threads()
         busy = bool(dataclasses.replace(cond, drift=None).reasons())
