@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,18 @@ def busy_provisional() -> list[str]:
 
     threads = max(torch.get_num_threads(), contention.PROCESS_THREADS)
     return (["threads"] if threads > 1 else []) + ["gemm"]
+
+
+def small_engine(target: Path, head: Path) -> Iterator[Any]:
+    """The micro target with a head, a small KV budget and 8-token prefill chunks (so steps mix
+    prefill and decode): the engine the policy, calibration and concurrency tests share. A
+    generator, for a fixture to ``yield from``; closed after."""
+    import workbench as wb
+
+    e = wb.Engine.from_pretrained(target, draft=head,
+                                  config=wb.EngineConfig(kv_budget_tokens=8192,
+                                                         max_prefill_tokens=8))
+    try:
+        yield e
+    finally:
+        e.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import small_engine
 
 import workbench as wb
 from workbench.bench.concurrency import (
@@ -33,11 +34,7 @@ from workbench.policy.policies import (
 
 @pytest.fixture(scope="module")
 def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=random_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192,
-                                                         max_prefill_tokens=8))
-    yield e
-    e.close()
+    yield from small_engine(micro_target, random_head)
 
 
 def test_concurrency_bench_smoke(engine: wb.Engine, tmp_path: Path) -> None:

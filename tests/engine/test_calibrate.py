@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import small_engine
 
 import workbench as wb
 from workbench.engine.calibrate import calibrate, measure_tau, time_forward
@@ -15,11 +16,7 @@ from workbench.engine.runner import ForwardBatch
 
 @pytest.fixture(scope="module")
 def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=random_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192,
-                                                         max_prefill_tokens=8))
-    yield e
-    e.close()
+    yield from small_engine(micro_target, random_head)
 
 
 def test_calibrate_leaves_no_kv(engine: wb.Engine) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import small_engine
 
 import workbench as wb
 from workbench import faults
@@ -37,11 +38,7 @@ class Spy:
 
 @pytest.fixture(scope="module")
 def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=random_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192,
-                                                         max_prefill_tokens=8))
-    yield e
-    e.close()
+    yield from small_engine(micro_target, random_head)
 
 
 def test_prefill_requests_not_counted(engine: wb.Engine) -> None:
