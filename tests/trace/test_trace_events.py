@@ -176,3 +176,51 @@ def test_from_dict_errors_name_the_problem() -> None:
     # a field with a default may be absent (older traces)
     old = event_from_dict({k: v for k, v in d.items() if k != "detail"})
     assert old == InitStage(stage="s", status="ok", seconds=1.0, detail="", t=0.0)
+
+
+# -- the emitters beside the events: tensors in, JSON-friendly events out ------------------------
+def _tree_and_verify() -> tuple[Any, Any]:
+    import torch
+
+    from workbench.core import DraftTree, VerifyResult
+
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    depth = torch.tensor([[0, 1, 1, 2]])
+    mask = torch.tensor([[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]]).bool()
+    tree = DraftTree(tokens=torch.tensor([[5, 7, 8, 9]]), parents=parents, depth=depth,
+                     positions=depth + 10, mask=mask,
+                     scores=torch.tensor([[0.0, -0.5, -1.0, -0.7]]),
+                     draft_probs=torch.tensor([[1.0, 0.6, 0.3, 0.8]]))
+    res = VerifyResult(accept_index=torch.tensor([[0, 1, 3, -1]]), accept_len=torch.tensor([2]),
+                       bonus=torch.tensor([4]), target_tokens=torch.tensor([[7, 9, 1, 4]]))
+    return tree, res
+
+
+def test_tree_and_verify_events_come_from_the_tensors() -> None:
+    import torch
+
+    from workbench.trace import TreeBuilt, Verified
+
+    tree, res = _tree_and_verify()
+    tb = TreeBuilt.of(3, 42, tree, 0, t=1.0)
+    assert (tb.rid, tb.step, tb.tokens) == (42, 3, [5, 7, 8, 9])
+    assert (tb.parents, tb.depth) == ([-1, 0, 0, 1], [0, 1, 1, 2])
+    assert json.loads(json.dumps(tb.scores)) == pytest.approx([0.0, -0.5, -1.0, -0.7])
+    logits = torch.zeros(4, 16)
+    logits[0, 7] = logits[1, 9] = 3.0  # the target likes node 1 after the root, node 3 after node 1
+    v = Verified.of(3, 42, tree, 0, res, logits, [7, 9, 4], t=1.0)
+    assert v.accepted_path == [0, 1, 3] and v.accept_length == 3 and v.bonus_token == 4
+    assert v.target_probs[0] == 1.0  # the root is given
+    p = torch.softmax(logits, -1)
+    assert v.target_probs[1:] == pytest.approx([float(p[0, 7]), float(p[0, 8]), float(p[1, 9])])
+
+
+def test_step_timing_names_every_phase_and_refuses_unknown_ones() -> None:
+    from workbench.trace import STEP_PHASES, StepTiming
+
+    st_ = StepTiming.of(1, 2, "spec", {"draft": 1.5, "catchup": 0.5, "verify": 2.0}, 4.0, t=0.0)
+    assert (st_.draft_ms, st_.verify_ms, st_.decode_ms, st_.total_ms) == (1.5, 2.0, 0.0, 4.0)
+    assert {f.name[:-3] for f in dataclasses.fields(StepTiming) if f.name.endswith("_ms")} == \
+        set(STEP_PHASES) | {"total"}
+    with pytest.raises(ValueError, match="sampling"):
+        StepTiming.of(1, 2, "spec", {"sampling": 1.0}, 1.0, t=0.0)

@@ -396,24 +396,14 @@ class EagleWorker:
 
     def _trace_step(self, d: Decision, batch: int, mode: Literal["plain", "spec"],
                     phases: dict[str, float], total: float) -> None:
-        now = time.perf_counter()
-        self.trace.emit(ev.PolicyDecision(t=now, step=self.step_id, batch_size=batch,
-                                          decode_batch=batch, speculate=d.speculate,
-                                          num_steps=d.num_steps, topk=d.topk,
-                                          num_draft_tokens=d.num_draft_tokens, reason=d.reason,
-                                          predicted_ms=d.predicted_ms, measured_ms=total))
-        self.trace.emit(ev.StepTiming(
-            t=now, step=self.step_id, batch_size=batch, mode=mode,
-            schedule_ms=phases.get("schedule", 0.0), prefill_ms=phases.get("prefill", 0.0),
-            draft_ms=phases.get("draft", 0.0), verify_ms=phases.get("verify", 0.0),
-            decode_ms=phases.get("decode", 0.0), accept_ms=phases.get("accept", 0.0),
-            commit_ms=phases.get("commit", 0.0), extend_ms=phases.get("extend", 0.0),
-            total_ms=total))
+        now, step = time.perf_counter(), self.step_id
+        self.trace.emit(ev.PolicyDecision.of(step, batch, d, total, now))
+        self.trace.emit(ev.StepTiming.of(step, batch, mode, phases, total, now))
         pool, sched = self.runner.pool, self.out.scheduler
         assert pool is not None and sched is not None
         # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every
         # request not yet released, so summing over it would grow with the engine's lifetime
-        self.trace.emit(ev.KVUsage(t=now, step=self.step_id, used_blocks=pool.used_blocks,
+        self.trace.emit(ev.KVUsage(t=now, step=step, used_blocks=pool.used_blocks,
                                    total_blocks=pool.num_blocks,
                                    used_tokens=sum(r.kv_len for r in sched.running)))
 
@@ -423,31 +413,15 @@ class EagleWorker:
 
         def on_step(depth: int, tokens: torch.Tensor, probs: torch.Tensor,
                     parents: torch.Tensor) -> None:
-            self.trace.emit(ev.DraftStep(t=time.perf_counter(), step=self.step_id, rids=rids,
-                                         depth=depth, tokens=tokens.tolist(),
-                                         probs=probs.tolist(), parents=parents.tolist()))
+            self.trace.emit(ev.DraftStep.of(self.step_id, rids, depth, tokens, probs, parents,
+                                            time.perf_counter()))
         return on_step
 
     def _trace_verify(self, r: Request, tree: DraftTree, i: int, res: VerifyResult,
                       logits: torch.Tensor, new: list[int]) -> None:
         now = time.perf_counter()
-        self.trace.emit(ev.TreeBuilt(t=now, step=self.step_id, rid=r.rid,
-                                     tokens=tree.tokens[i].tolist(),
-                                     parents=tree.parents[i].tolist(),
-                                     depth=tree.depth[i].tolist(),
-                                     scores=tree.scores[i].tolist(),
-                                     draft_probs=tree.draft_probs[i].tolist()))
-        probs = torch.softmax(logits, -1)
-        par = tree.parents[i].clamp(min=0)
-        tp = probs[par, tree.tokens[i]]
-        tp[0] = 1.0
-        m = int(res.accept_len[i])
-        self.trace.emit(ev.Verified(t=now, step=self.step_id, rid=r.rid,
-                                    target_tokens=res.target_tokens[i].tolist(),
-                                    target_probs=tp.tolist(),
-                                    accepted_path=res.accept_index[i, : m + 1].tolist(),
-                                    accepted_tokens=new, accept_length=len(new),
-                                    bonus_token=int(res.bonus[i])))
+        self.trace.emit(ev.TreeBuilt.of(self.step_id, r.rid, tree, i, now))
+        self.trace.emit(ev.Verified.of(self.step_id, r.rid, tree, i, res, logits, new, now))
 
 
 def _ms(t0: float) -> float:

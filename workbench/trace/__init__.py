@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from workbench.trace.events import (
     EVENT_TYPES,
+    STEP_PHASES,
     DraftExtended,
     DraftStep,
     Event,
@@ -49,6 +50,7 @@ __all__ = [
     "FRAME_COLUMNS",
     "FRAME_KINDS",
     "NULL_TRACER",
+    "STEP_PHASES",
     "TIMING_PHASES",
     "Dispatcher",
     "DraftExtended",

@@ -20,11 +20,22 @@ import math
 import time
 import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from workbench.core import DraftTree, VerifyResult
+    from workbench.policy.policies import Decision
 
 InitStatus = Literal["ok", "failed", "fallback"]
 StepMode = Literal["plain", "spec"]
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+# StepTiming's phases in step order (DESIGN.md §4); the engine names them so
+STEP_PHASES = ("schedule", "prefill", "draft", "verify", "decode", "accept", "commit", "extend")
+# timed inside a phase, kept apart for the policy: a cold draft's catch-up is part of "draft"
+SUB_PHASES = {"catchup": "draft"}
 
 _NAN_KEY = ("<nan>",)  # stands in for NaN in equality/hash keys (NaN != NaN otherwise)
 
@@ -116,6 +127,13 @@ class DraftStep(Event):
     probs: list[list[float]]
     parents: list[list[int]]
 
+    @classmethod
+    def of(cls, step: int, rids: list[int], depth: int, tokens: torch.Tensor,
+           probs: torch.Tensor, parents: torch.Tensor, t: float) -> DraftStep:
+        """One depth's frontier, (B, K) tensors row ``i`` for request ``rids[i]``."""
+        return cls(t=t, step=step, rids=rids, depth=depth, tokens=tokens.tolist(),
+                   probs=probs.tolist(), parents=parents.tolist())
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TreeBuilt(Event):
@@ -131,6 +149,13 @@ class TreeBuilt(Event):
     depth: list[int]
     scores: list[float]
     draft_probs: list[float]
+
+    @classmethod
+    def of(cls, step: int, rid: int, tree: DraftTree, i: int, t: float) -> TreeBuilt:
+        """Row ``i`` of a batch's draft tree, as request ``rid``'s event."""
+        return cls(t=t, step=step, rid=rid, tokens=tree.tokens[i].tolist(),
+                   parents=tree.parents[i].tolist(), depth=tree.depth[i].tolist(),
+                   scores=tree.scores[i].tolist(), draft_probs=tree.draft_probs[i].tolist())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -156,6 +181,23 @@ class Verified(Event):
     accept_length: int
     bonus_token: int
 
+    @classmethod
+    def of(cls, step: int, rid: int, tree: DraftTree, i: int, res: VerifyResult,
+           logits: torch.Tensor, accepted_tokens: list[int], t: float) -> Verified:
+        """Row ``i`` of a verify: ``logits`` (N, V) are the target's at each node, so node
+        ``n``'s token has the probability its parent's row gives it (the root 1.0)."""
+        import torch
+
+        probs = torch.softmax(logits, -1)
+        par = tree.parents[i].clamp(min=0)
+        tp = probs[par, tree.tokens[i]]
+        tp[0] = 1.0
+        m = int(res.accept_len[i])
+        return cls(t=t, step=step, rid=rid, target_tokens=res.target_tokens[i].tolist(),
+                   target_probs=tp.tolist(), accepted_path=res.accept_index[i, : m + 1].tolist(),
+                   accepted_tokens=accepted_tokens, accept_length=len(accepted_tokens),
+                   bonus_token=int(res.bonus[i]))
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class PolicyDecision(Event):
@@ -174,6 +216,13 @@ class PolicyDecision(Event):
     reason: str
     predicted_ms: float = math.nan
     measured_ms: float = math.nan
+
+    @classmethod
+    def of(cls, step: int, batch: int, d: Decision, measured_ms: float, t: float) -> PolicyDecision:
+        """The decision ``d`` a step of ``batch`` decoding requests ran with."""
+        return cls(t=t, step=step, batch_size=batch, decode_batch=batch, speculate=d.speculate,
+                   num_steps=d.num_steps, topk=d.topk, num_draft_tokens=d.num_draft_tokens,
+                   reason=d.reason, predicted_ms=d.predicted_ms, measured_ms=measured_ms)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -199,6 +248,18 @@ class StepTiming(Event):
     commit_ms: float = 0.0
     extend_ms: float = 0.0
     total_ms: float = 0.0
+
+    @classmethod
+    def of(cls, step: int, batch: int, mode: StepMode, phases: dict[str, float], total_ms: float,
+           t: float) -> StepTiming:
+        """A step's phase milliseconds by name (``phases``; a phase it did not run is 0; a
+        sub-phase such as ``catchup`` is already inside its phase)."""
+        unknown = set(phases) - set(STEP_PHASES) - set(SUB_PHASES)
+        if unknown:
+            raise ValueError(f"StepTiming: unknown phase(s) {sorted(unknown)}; "
+                             f"known: {', '.join(STEP_PHASES)}")
+        return cls(t=t, step=step, batch_size=batch, mode=mode, total_ms=total_ms,
+                   **{f"{p}_ms": phases.get(p, 0.0) for p in STEP_PHASES})
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.policy.moe_cost import uniform_coverage
 from workbench.trace.events import (
+    STEP_PHASES,
     DraftStep,
     Event,
     ExpertRouting,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 E = TypeVar("E", bound=Event)
 
-TIMING_PHASES = ("schedule", "prefill", "draft", "verify", "decode", "accept", "commit", "extend")
+TIMING_PHASES = STEP_PHASES  # one definition, beside StepTiming
 
 
 def _cols(names: str) -> tuple[str, ...]:
