@@ -91,7 +91,7 @@ def test_monitor_adapts_on_drift_and_returns_when_quiet(
     m = ContentionMonitor(2, lambda: {"p": lambda: None}, on_change=changes.append)
     for _ in range(contention.WINDOW):
         m.observe("spec", 1, 10.0)
-    assert m.calibration[("spec", 1)] == 10.0 and not changes
+    assert m.calibration[m.key("spec", 1)] == 10.0 and not changes
     machine_conditions["others"] = 1.0  # a neighbour takes a core: the steps slow down
     for _ in range(contention.WINDOW):
         m.observe("spec", 1, 30.0)
@@ -139,6 +139,52 @@ def test_monitor_at_one_thread_on_a_busy_machine_does_not_thrash(
     assert m.drift is not None and m.drift >= contention.DRIFT and calls == []
     machine_conditions["others"] = 0.0  # quiet again: now there is something to try
     assert m.check() is not None and calls == [(2, 1)]
+
+
+def test_monitor_keys_steps_by_shape_and_context(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: on a quiet machine a bench's chain steps calibrated the "spec" key and its
+    S6K8N32 steps (1.5x dearer) read as drift, so the thread counts were re-timed inside the
+    timed arms. Steps of another tree shape or context bucket have their own calibration."""
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+                        calls.append(cands) or {n: {"p": 1.0} for n in cands})
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    assert m.key("spec", 1, (5, 1, 6), 100) != m.key("spec", 1, (6, 8, 32), 100)
+    assert m.key("spec", 1, (5, 1, 6), 100) != m.key("spec", 1, (5, 1, 6), 1000)
+    assert m.key("spec", 3, (5, 1, 6), 100) == m.key("spec", 4, (5, 1, 6), 127)
+    machine_conditions["others"] = None  # type: ignore[assignment]  # counters unreadable
+    for _ in range(2):  # arms alternate, as bench spec interleaves them per prompt
+        for shape, ms in (((5, 1, 6), 10.0), ((6, 8, 32), 30.0)):
+            for _ in range(contention.WINDOW):
+                m._next_check = 0.0  # every step looks
+                m.observe("spec", 1, ms, shape, 100)
+    assert m.drift == 1.0 and calls == [] and len(m.calibration) == 2
+
+
+def test_monitor_recalibrates_a_drift_on_a_quiet_machine(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps slower than their calibration while the counters see nobody else and every core
+    is in use: the workload's own change, so no thread timing (≈ 0.3 s inside a timed arm),
+    the present cost becomes the calibration. The same drift with a neighbour is timed."""
+    calls: list[tuple[int, ...]] = []
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+                        calls.append(cands) or {n: {"p": 1.0} for n in cands})
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    for ms in [10.0] * contention.WINDOW + [20.0] * contention.WINDOW:
+        m._next_check = 0.0
+        assert m.observe("spec", 1, ms) is None
+    assert calls == [] and m.recalibrations >= 1 and m.log == []
+    assert m.calibration[m.key("spec", 1)] >= 15.0  # the drifted window's median
+    assert m.drift is not None and m.drift < contention.DRIFT
+    machine_conditions["others"] = 1.0  # a neighbour: the next drift is timed
+    for ms in [45.0] * contention.WINDOW:  # a drift asks before the periodic look
+        m.observe("spec", 1, ms)
+    assert calls == [(2, 1)] and len(m.log) == 1
 
 
 def test_monitor_with_one_default_thread_never_adapts() -> None:

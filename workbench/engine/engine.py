@@ -436,7 +436,9 @@ class Engine:
         total = _ms(t_start)
         self.worker.end_step(batch, mode, accepted, phases, total)
         if self.contention is not None:
-            self.contention.observe(mode, len(batch.decode), total)
+            shape = batch.decision.shape if accepted else None
+            self.contention.observe(mode, len(batch.decode), total, shape,
+                                    max(r.kv_len for r in batch.decode) if batch.decode else 0)
 
 
 def _ms(t0: float) -> float:
