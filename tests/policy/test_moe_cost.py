@@ -107,3 +107,73 @@ def test_calibrate_fits_the_bytes_term_on_a_moe_engine(tmp_path: Path) -> None:
     assert cm.weights is not None and cm.weights.num_experts == 16
     assert 0 < cm.weights.gamma <= 4 and cm.weights.moe_layers == 3
     assert cm.target_ms(4) > 0
+
+
+def test_per_request_term_is_fitted_only_when_requests_tell_it_apart() -> None:
+    truth = LinearCost(a=2.0, b=0.1, r=0.3)
+    # B requests × 1 token and × 4 tokens: requests and tokens vary independently
+    pts = [(b * q, b) for b in (1, 2, 4, 8) for q in (1, 4)]
+    fit = LinearCost.fit([t for t, _ in pts], [truth(t, 0, r) for t, r in pts],
+                         requests=[r for _, r in pts])
+    assert (fit.a, fit.b, fit.r) == pytest.approx((2.0, 0.1, 0.3), rel=1e-6)
+    assert fit(8) == pytest.approx(2.0 + 0.4 * 8)  # requests default: one per token
+    # requests always the token count: one column, r folded into b
+    same = LinearCost.fit([1, 2, 4], [truth(t) for t in (1, 2, 4)], requests=[1, 2, 4])
+    assert same.r == 0 and same.b == pytest.approx(0.4)
+    with pytest.raises(wb.ConfigError, match="requests"):
+        LinearCost.fit([1, 2], [1.0, 2.0], requests=[1])
+    # the cost model prices a verify of B·N tokens as B requests, a plain step as B
+    cm = CostModel(target=fit)
+    assert cm.spec_step_ms(4, 3, 1, 4, scaled=False) == pytest.approx(truth(16, 0, 4))
+    assert cm.plain_step_ms(4, warm=False, scaled=False) == pytest.approx(truth(4, 0, 4))
+    assert CostModel.from_dict(cm.to_dict()).target.r == pytest.approx(0.3)
+
+
+def test_bytes_fit_separates_the_sorted_dispatch_of_multi_token_forwards() -> None:
+    """A one-token forward takes the short path (no sort/gather/scatter); every longer one
+    pays ``ms_sorted`` per MoE layer on top: the fit tells it from the intercept."""
+    w = ExpertBytes(dense_bytes=1e6, expert_bytes=2e6, moe_layers=4, num_experts=16, top_k=2,
+                    gamma=0.5)
+    truth = LinearCost(a=1.5, b=0.02, r=0.05)
+    per_gb, sorted_ms = 40.0, 0.2
+
+    def ms(t: int, r: int) -> float:
+        return truth(t, 0, r) + per_gb * w.expert_gb(t) + (sorted_ms * 4 if t > 1 else 0)
+
+    pts = [(b * q, b) for b in (1, 2, 4, 8, 16) for q in (1, 4)]
+    cm = CostModel.fit([CostSample("target", t, ms(t, r), 0.0, r) for t, r in pts], weights=w)
+    assert cm.ms_per_gb == pytest.approx(per_gb, rel=1e-5)
+    assert cm.ms_sorted == pytest.approx(sorted_ms, rel=1e-5)
+    assert cm.target.r == pytest.approx(0.05, rel=1e-5)
+    for t, r in ((1, 1), (4, 1), (64, 16)):
+        assert cm.target_ms(t, 0, r) == pytest.approx(ms(t, r), rel=1e-6)
+    assert CostModel.from_dict(cm.to_dict()).ms_sorted == pytest.approx(sorted_ms, rel=1e-5)
+    # only one-token samples, or no one-token sample: no dispatch column
+    only_multi = [CostSample("target", t, ms(t, r), 0.0, r) for t, r in pts if t > 1]
+    assert CostModel.fit(only_multi, weights=w).ms_sorted == 0.0
+
+
+def test_cost_ratios_measure_and_predict_on_a_moe_engine(tmp_path: Path) -> None:
+    from workbench.bench.cost_ratio import cost_ratios, model_terms
+
+    folder = write_random_moe(tmp_path / "m", "mixtral", num_local_experts=8,
+                              num_experts_per_tok=2)
+    e = wb.Engine.from_pretrained(folder, config=wb.EngineConfig(kv_budget_tokens=2048,
+                                                                 max_batch_size=4))
+    try:
+        rows, cm = cost_ratios(e, "tiny", batches=(1, 4), num_draft_tokens=3, context=16,
+                               repeats=1, calibrate_batches=(1, 2, 4))
+        with pytest.raises(wb.ConfigError, match="num_draft_tokens"):
+            cost_ratios(e, "tiny", num_draft_tokens=1)
+    finally:
+        e.close()
+    assert [r["batch"] for r in rows] == [1, 4]
+    for r in rows:
+        assert r["decode_ms"] > 0 and r["verify_ms"] > 0
+        assert r["ratio"] == pytest.approx(r["verify_ms"] / r["decode_ms"])
+        want = cm.target_ms(3 * r["batch"], 16, r["batch"]) / cm.target_ms(r["batch"], 16)
+        assert r["predicted"] == pytest.approx(want)
+        assert r["within"] == (abs(r["predicted"] / r["ratio"] - 1) <= 0.15)
+    terms = model_terms(cm)
+    assert cm.weights is not None and terms["gamma"] == cm.weights.gamma
+    assert "ms_sorted_per_layer" in terms and "r_ms_per_request" in terms

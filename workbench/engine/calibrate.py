@@ -95,13 +95,16 @@ def calibrate(engine: Engine, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
               context: int = 128, contexts: Sequence[int] | None = None,
               shape: Sequence[int] = (5, 4, 16), steps: bool = True,
               step_batches: Sequence[int] | None = None, step_tokens: int = 12,
-              ema: float = 0.1, progress: bool = False) -> CostModel:
+              ema: float = 0.1, progress: bool = False, per_request: bool = False) -> CostModel:
     """Measure ``engine`` and fit a CostModel.
 
     1. Components on scratch KV (released afterwards, nothing stays allocated): the target
        forward + LM head over B·1 and B·N new tokens, the draft forward over B·1 and B·K, for B
        in ``batch_sizes`` and every context in ``contexts`` (default: ``(context,)``; give two
        or more to fit the attention term c). Each point is the min of ``repeats`` runs.
+       ``per_request``: the samples carry their request count, so the per-request term r is
+       fitted (B requests × 1 token and × N tokens tell it from the per-token b); callers
+       that price a multi-token forward must then pass ``requests`` (``CostModel`` does).
     2. With ``steps``: short greedy ``generate`` runs (plain via ``Never`` with a cold
        draft, speculative via ``Always`` at ``shape``) at ``step_batches`` (default: up to 3
        of ``batch_sizes``); a measured step minus its predicted components is an overhead
@@ -131,7 +134,8 @@ def calibrate(engine: Engine, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
     coverage: list[tuple[int, float]] = []  # MoE target: (tokens, mean distinct experts)
     for c, b, q, is_draft in tqdm(points, desc="calibrate", unit="pt", disable=not progress):
         ms = time_forward(runner, b, q, c, repeats, is_draft)
-        samples.append(CostSample("draft" if is_draft else "target", b * q, ms, c))
+        samples.append(CostSample("draft" if is_draft else "target", b * q, ms, c,
+                                  float(b) if per_request else None))
         if not is_draft and isinstance(target, MoeForCausalLM):
             counts = list(target.routing().values())
             coverage.append((b * q, float(np.mean([int((x > 0).sum()) for x in counts]))))

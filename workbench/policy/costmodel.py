@@ -1,10 +1,13 @@
 """Step-time cost model for speculation policies: linear in tokens, fitted from measurements.
 
-A forward over T new tokens whose requests hold C tokens of context each costs
+A forward over T new tokens of R requests holding C tokens of context each costs
 
-    ms = a + b·T + c·T·C/1000
+    ms = a + b·T + c·T·C/1000 + r·R
 
-(weights read once per forward → a; per-token matmuls → b; attention reads → c). Two such
+(weights read once per forward → a; per-token matmuls → b; attention reads → c; per-request
+work — each request's own attention call and KV page walk → r, fitted only from samples that
+give ``requests`` and tell R from T: ``calibrate(per_request=True)``; R defaults to T, one
+token per request as in a decode step). Two such
 components — the target forward (with the LM head) and one draft forward — compose a step:
 
     plain step (batch B)     = target(B) + [warm draft] draft(B) + plain_overhead(B)
@@ -21,7 +24,9 @@ up with speculation (``BatchThreshold.from_cost_model``), at an accept length
 
 MoE targets add a weight-bytes term to the target forward (``weights``, an
 :class:`~workbench.policy.moe_cost.ExpertBytes`): ``ms_per_gb`` times the GB of expert weights
-the forward's tokens touch, predicted from the coverage curve, fitted with a, b, c.
+the forward's tokens touch, predicted from the coverage curve, plus ``ms_sorted`` per MoE layer
+for a forward of more than one token (the sorted dispatch — argsort, gather, scatter — that the
+one-token path skips: ``workbench.models.moe``), fitted with a, b, c, r.
 """
 
 from __future__ import annotations
@@ -43,45 +48,67 @@ STEP_KINDS = ("plain", "spec")
 
 @dataclass(frozen=True)
 class LinearCost:
-    """ms = a + b·tokens + c·tokens·context/1000 (never below 0)."""
+    """ms = a + b·tokens + c·tokens·context/1000 + r·requests (never below 0; ``requests``
+    None: one per token)."""
 
     a: float = 0.0
     b: float = 0.0
     c: float = 0.0
+    r: float = 0.0
 
-    def __call__(self, tokens: float, context: float = 0.0) -> float:
-        return max(0.0, self.a + self.b * tokens + self.c * tokens * context / 1e3)
+    def __call__(self, tokens: float, context: float = 0.0,
+                 requests: float | None = None) -> float:
+        req = tokens if requests is None else requests
+        return max(0.0, self.a + self.b * tokens + self.c * tokens * context / 1e3
+                   + self.r * req)
 
     @classmethod
     def fit(cls, tokens: npt.ArrayLike, ms: npt.ArrayLike,
-            context: npt.ArrayLike | None = None) -> LinearCost:
-        """Least squares. Columns that do not vary (one token count, one context) are dropped:
-        their coefficient is 0 and the intercept absorbs them."""
+            context: npt.ArrayLike | None = None,
+            requests: npt.ArrayLike | None = None) -> LinearCost:
+        """Least squares. Columns that do not vary (one token count, one context, requests
+        always equal to tokens) are dropped: their coefficient is 0 and the intercept (or b)
+        absorbs them."""
         t = np.asarray(tokens, dtype=np.float64)
         y = np.asarray(ms, dtype=np.float64)
         ctx = np.zeros_like(t) if context is None else np.asarray(context, dtype=np.float64)
-        if t.size == 0 or t.shape != y.shape or ctx.shape != t.shape:
-            raise ConfigError(f"LinearCost.fit: need equal, non-empty tokens/ms/context, got "
-                              f"{t.size}/{y.size}/{ctx.size}")
-        cols = {"a": np.ones_like(t)}
-        if np.unique(t).size > 1:
-            cols["b"] = t
-        if np.unique(ctx).size > 1:
-            cols["c"] = t * ctx / 1e3
-        x = np.stack(list(cols.values()), axis=1)
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        req = t if requests is None else np.asarray(requests, dtype=np.float64)
+        if t.size == 0 or t.shape != y.shape or ctx.shape != t.shape or req.shape != t.shape:
+            raise ConfigError(f"LinearCost.fit: need equal, non-empty tokens/ms/context/"
+                              f"requests, got {t.size}/{y.size}/{ctx.size}/{req.size}")
+        cols = _columns(t, ctx, req)
+        coef, *_ = np.linalg.lstsq(np.stack(list(cols.values()), axis=1), y, rcond=None)
         return cls(**{k: float(v) for k, v in zip(cols, coef, strict=True)})
+
+
+def _columns(t: npt.NDArray[np.float64], ctx: npt.NDArray[np.float64],
+             req: npt.NDArray[np.float64], min_tokens: int = 1) -> dict[str, Any]:
+    """The design matrix's columns that the samples can tell apart: b needs more than
+    ``min_tokens`` token counts, c more than one context, r requests that are not the token
+    count and not a multiple of it throughout (else r and b are one column)."""
+    cols: dict[str, Any] = {"a": np.ones_like(t)}
+    if np.unique(t).size > min_tokens:
+        cols["b"] = t
+    if np.unique(ctx).size > 1:
+        cols["c"] = t * ctx / 1e3
+    if not np.array_equal(req, t):
+        x = np.stack([*cols.values(), req], axis=1)
+        if np.linalg.matrix_rank(x) == x.shape[1]:
+            cols["r"] = req
+    return cols
 
 
 @dataclass(frozen=True)
 class CostSample:
     """One measurement. kind: target | draft (one forward of ``tokens`` new tokens) or
-    plain_overhead | spec_overhead (``tokens`` = decode batch, ms = step minus components)."""
+    plain_overhead | spec_overhead (``tokens`` = decode batch, ms = step minus components);
+    ``requests``: how many requests the tokens belong to (None: one per token)."""
 
     kind: str
     tokens: float
     ms: float
     context: float = 0.0
+    requests: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -94,7 +121,8 @@ class CostModel:
 
     ``scale["target"|"draft"]`` multiply the components (refreshed by ``observe``);
     ``scale["plain"|"spec"]`` multiply whole steps (refreshed by ``observe_step``);
-    ``weights`` / ``ms_per_gb``: a MoE target's expert-bytes term (module doc).
+    ``weights`` / ``ms_per_gb`` / ``ms_sorted``: a MoE target's expert-bytes and dispatch
+    terms (module doc).
     """
 
     target: LinearCost
@@ -106,6 +134,7 @@ class CostModel:
         default_factory=lambda: {k: 1.0 for k in ("target", "draft", *STEP_KINDS)})
     weights: ExpertBytes | None = None
     ms_per_gb: float = 0.0
+    ms_sorted: float = 0.0
 
     # -- fitting -------------------------------------------------------------------------------
     @classmethod
@@ -119,29 +148,36 @@ class CostModel:
         if not by["target"]:
             raise ConfigError("CostModel.fit: no 'target' samples")
         fitted = {k: LinearCost.fit([s.tokens for s in v], [s.ms for s in v],
-                                    [s.context for s in v]) if v else LinearCost()
+                                    [s.context for s in v], _requests(v)) if v else LinearCost()
                   for k, v in by.items()}
-        per_gb = 0.0
+        per_gb = sorted_ms = 0.0
         if weights is not None:
-            fitted["target"], per_gb = _fit_with_bytes(by["target"], weights)
+            fitted["target"], per_gb, sorted_ms = _fit_with_bytes(by["target"], weights)
         return cls(target=fitted["target"], draft=fitted["draft"],
                    plain_overhead=fitted["plain_overhead"],
                    spec_overhead=fitted["spec_overhead"], ema=ema, weights=weights,
-                   ms_per_gb=per_gb)
+                   ms_per_gb=per_gb, ms_sorted=sorted_ms)
 
     # -- predictions ---------------------------------------------------------------------------
-    def target_raw_ms(self, tokens: float, context: float = 0.0) -> float:
-        """The target forward's unscaled prediction (linear terms + expert bytes)."""
-        ms = self.target(tokens, context)
+    def target_raw_ms(self, tokens: float, context: float = 0.0,
+                      requests: float | None = None) -> float:
+        """The target forward's unscaled prediction (linear terms + expert bytes + dispatch);
+        ``requests`` None: one per token."""
+        ms = self.target(tokens, context, requests)
         if self.weights is not None:
-            ms = max(0.0, ms + self.ms_per_gb * self.weights.expert_gb(tokens))
+            ms += self.ms_per_gb * self.weights.expert_gb(tokens)
+            if tokens > 1:
+                ms += self.ms_sorted * self.weights.moe_layers
+            ms = max(0.0, ms)
         return ms
 
-    def target_ms(self, tokens: float, context: float = 0.0) -> float:
-        return self.target_raw_ms(tokens, context) * self.scale["target"]
+    def target_ms(self, tokens: float, context: float = 0.0,
+                  requests: float | None = None) -> float:
+        return self.target_raw_ms(tokens, context, requests) * self.scale["target"]
 
-    def draft_ms(self, tokens: float, context: float = 0.0) -> float:
-        return self.draft(tokens, context) * self.scale["draft"]
+    def draft_ms(self, tokens: float, context: float = 0.0,
+                 requests: float | None = None) -> float:
+        return self.draft(tokens, context, requests) * self.scale["draft"]
 
     def plain_step_ms(self, batch: int, context: float = 0.0, warm: bool = True,
                       scaled: bool = True) -> float:
@@ -152,9 +188,9 @@ class CostModel:
 
     def spec_step_ms(self, batch: int, num_steps: int, topk: int, num_draft_tokens: int,
                      tau: float = 1.0, context: float = 0.0, scaled: bool = True) -> float:
-        ms = (self.target_ms(batch * num_draft_tokens, context)
-              + (num_steps - 1) * self.draft_ms(batch * topk, context)
-              + self.draft_ms(batch * tau, context) + self.spec_overhead(batch))
+        ms = (self.target_ms(batch * num_draft_tokens, context, batch)
+              + (num_steps - 1) * self.draft_ms(batch * topk, context, batch)
+              + self.draft_ms(batch * tau, context, batch) + self.spec_overhead(batch))
         return max(ms, 1e-6) * (self.scale["spec"] if scaled else 1.0)
 
     def tok_s(self, batch: int, shape: Sequence[int] | None = None, tau: float = 1.0,
@@ -233,6 +269,7 @@ class CostModel:
         if self.weights is not None:
             d["weights"] = self.weights.to_dict()
             d["ms_per_gb"] = self.ms_per_gb
+            d["ms_sorted"] = self.ms_sorted
         return d
 
     @classmethod
@@ -242,7 +279,8 @@ class CostModel:
                 plain_overhead=parts["plain_overhead"], spec_overhead=parts["spec_overhead"],
                 ema=d.get("ema", 0.1),
                 weights=ExpertBytes.from_dict(d["weights"]) if d.get("weights") else None,
-                ms_per_gb=float(d.get("ms_per_gb", 0.0)))
+                ms_per_gb=float(d.get("ms_per_gb", 0.0)),
+                ms_sorted=float(d.get("ms_sorted", 0.0)))
         m.scale.update(d.get("scale", {}))
         return m
 
@@ -251,23 +289,30 @@ class CostModel:
         return replace(self, scale=dict(self.scale))
 
 
+def _requests(samples: Sequence[CostSample]) -> npt.NDArray[np.float64]:
+    return np.array([s.tokens if s.requests is None else s.requests for s in samples],
+                    dtype=np.float64)
+
+
 def _fit_with_bytes(samples: list[CostSample],
-                    weights: ExpertBytes) -> tuple[LinearCost, float]:
-    """Target ms = a + b·T + c·T·C/1000 + ms_per_gb·expert_gb(T), least squares (columns that
-    do not vary dropped, as :meth:`LinearCost.fit`)."""
+                    weights: ExpertBytes) -> tuple[LinearCost, float, float]:
+    """Target ms = a + b·T + c·T·C/1000 + r·R + ms_per_gb·expert_gb(T) + ms_sorted·L·[T > 1],
+    least squares (columns the samples cannot tell apart dropped, as :meth:`LinearCost.fit`;
+    the dispatch column only when there are one-token and longer forwards and enough token
+    counts besides)."""
     t = np.array([s.tokens for s in samples], dtype=np.float64)
     y = np.array([s.ms for s in samples], dtype=np.float64)
     ctx = np.array([s.context for s in samples], dtype=np.float64)
-    cols = {"a": np.ones_like(t)}
-    if np.unique(t).size > 2:  # two token counts: bytes and b cannot both be told apart
-        cols["b"] = t
-    if np.unique(ctx).size > 1:
-        cols["c"] = t * ctx / 1e3
+    # two token counts: bytes and b cannot both be told apart
+    cols = _columns(t, ctx, _requests(samples), min_tokens=2)
     cols["gb"] = np.array([weights.expert_gb(v) for v in t])
+    multi = (t > 1).astype(np.float64) * weights.moe_layers
+    if (t <= 1).any() and np.unique(t[t > 1]).size > 2:
+        cols["sorted"] = multi
     coef, *_ = np.linalg.lstsq(np.stack(list(cols.values()), axis=1), y, rcond=None)
     fit = dict(zip(cols, (float(v) for v in coef), strict=True))
-    per_gb = fit.pop("gb")
-    return LinearCost(**fit), per_gb
+    per_gb, sorted_ms = fit.pop("gb"), fit.pop("sorted", 0.0)
+    return LinearCost(**fit), per_gb, sorted_ms
 
 
 @dataclass(frozen=True)
