@@ -35,7 +35,8 @@ import pandas as pd
 from IPython.display import display
 
 import workbench as wb
-from workbench.engine.calibrate import calibrate, measure_tau, time_forward
+from workbench.bench.cost_ratio import cost_ratios
+from workbench.engine.calibrate import measure_tau
 from workbench.machine import loadavg
 from workbench.policy.moe_cost import KIMI_K25_INT4, fit_gamma, what_if
 from workbench.train.demo_models import demo_models
@@ -90,25 +91,22 @@ P.say(f"Decode forwards touched {by_kind.loc['decode', 'distinct']:.1f} experts 
 # ## 2. What a verify costs in decode steps, dense vs MoE, measured side by side
 # For each target: the forward (+ LM head) over B·N new tokens divided by the forward over B
 # tokens, at B = 1, 4, 16, each the least of a few runs; beside it the cost model `calibrate`
-# fitted on this machine (for the MoE target with the bytes term: touched-expert bytes from the
-# coverage curve), predicting the same ratio.
+# fitted on this machine (per-request term included; for the MoE target also the bytes term —
+# touched-expert bytes from the coverage curve — and the sorted dispatch every forward of more
+# than one token pays), predicting the same ratio (`workbench.bench.cost_ratio`, the method of
+# `scripts/bench_moe_ratio.py`).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 n = SHAPE[2]
 models, rows = {}, []
 for name, e in engines.items():
-    models[name] = cm = calibrate(e, batch_sizes=(1, 2, 4, 8, 16), repeats=REPEATS,
-                                  context=CONTEXT, shape=SHAPE, steps=not FAST)
-    for b in BATCHES:
-        dec = time_forward(e.runner, b, 1, CONTEXT, REPEATS, False)
-        ver = time_forward(e.runner, b, n, CONTEXT, REPEATS, False)
-        pred = cm.target_ms(b * n, CONTEXT) / cm.target_ms(b, CONTEXT)
-        rows.append({"target": name, "batch": b, "decode_ms": dec, "verify_ms": ver,
-                     "ratio": ver / dec, "predicted": pred})
+    r, models[name] = cost_ratios(e, name, BATCHES, num_draft_tokens=n, context=CONTEXT,
+                                  repeats=REPEATS, calibrate_batches=(1, 2, 4, 8, 16),
+                                  steps=not FAST)
+    rows += r
 ratios = pd.DataFrame(rows)
-ratios["error"] = ratios["predicted"] / ratios["ratio"] - 1
-ratios["within 15 %"] = ratios["error"].abs() <= 0.15
+ratios = ratios.rename(columns={"within": "within 15 %"})
 load_after = loadavg()
 display(ratios.round(3))
 print(f"machine load (1-min) {load_before[0] if load_before else float('nan'):.1f} before, "

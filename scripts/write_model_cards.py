@@ -1,10 +1,15 @@
 """Render data/models/*/README.md from training summaries and the latest bench results.
 
-Usage: python scripts/write_model_cards.py  (after `python -m workbench bench spec`)
+Usage: python scripts/write_model_cards.py  (after the bench commands below)
 
-The main table is the latest ``data/results/spec_bs1.json``; a "Speed by machine kind" section
-follows with every ``data/results/<kind>.json`` (one per kind of machine, each figure with its
-command, load and flags).
+Dense pair (wb-target, wb-eagle3): the main table is the latest ``data/results/spec_bs1.json``;
+a "Speed by machine kind" section follows with every ``data/results/<kind>.json`` (one per kind
+of machine, each figure with its command, load and flags).
+
+MoE pair (wb-moe, wb-moe-eagle3; ``workbench.train.moe_card``): from ``data/results/wb-moe/``,
+written by the ``COMMANDS["moe"]`` commands: ``bench peers`` and ``bench spec`` on the MoE pair,
+``bench spec`` on the dense pair in the same sitting (``dense/``), and
+``scripts/bench_moe_ratio.py``; then its own "Speed by machine kind" section.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.train.card import write_cards
+from workbench.train.moe_card import write_moe_cards
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,6 +44,35 @@ COMMANDS = {
                  "temperature on held-out regenerated windows)",
         "bench": "python -m workbench bench spec --prompts 16 --max-new-tokens 128",
     },
+}
+
+MOE_RESULTS = "data/results/wb-moe"
+MOE_MACHINE = ("trained on a 2-core AMD EPYC (family 26) under load 9.3–11.2 (other agents' jobs "
+               "on the 2 cores): the time is provisional")
+MOE_SPEC = {
+    "spec_moe": "python -m workbench bench spec --quick --model data/models/wb-moe --draft "
+                f"data/models/wb-moe-eagle3 --out {MOE_RESULTS}",
+    "spec_dense": "python -m workbench bench spec --quick --model data/models/wb-target --draft "
+                  f"data/models/wb-eagle3 --out {MOE_RESULTS}/dense",
+}
+COMMANDS["moe"] = {
+    "train": "python -c 'from workbench.train.upcycle import UpcycleConfig, upcycle; "
+             "upcycle(UpcycleConfig(source=\"data/models/wb-target\", "
+             "out=\"data/models/wb-moe\", steps=100, batch=8, seq_len=64))'",
+    "train_machine": MOE_MACHINE,
+    "peers": f"python -m workbench bench peers --quick --model data/models/wb-moe --draft "
+             f"data/models/wb-moe-eagle3 --out {MOE_RESULTS}",
+    "ratio": f"OMP_NUM_THREADS=1 python scripts/bench_moe_ratio.py --out {MOE_RESULTS}",
+    **MOE_SPEC,
+}
+COMMANDS["moe_draft"] = {
+    "train": "python -m workbench train-draft --target data/models/wb-moe --out "
+             "data/models/wb-moe-eagle3 --work data/work/moe-eagle3 --intermediate 704 "
+             "--steps 700 --batch 4 --seq-len 256 --ttt-steps 7 --regen-sequences 384 "
+             "--regen-mix 0.85 --regen-greedy-frac 0.9 --regen-batch 32 --threads 1",
+    "train_machine": "2-core AMD EPYC (family 26), shared with other agents' jobs (load 2–6): "
+                     "the time is provisional",
+    **MOE_SPEC,
 }
 
 BY_MACHINE = "## Speed by machine kind"
@@ -110,4 +145,10 @@ if __name__ == "__main__":
     section = machine_section(ROOT / "data/results")
     for name in ("wb-target", "wb-eagle3"):
         append_machine_section(ROOT / "data/models" / name / "README.md", section)
-    print("wrote data/models/wb-target/README.md and data/models/wb-eagle3/README.md")
+    moe = ROOT / MOE_RESULTS
+    write_moe_cards(ROOT / "data/models/wb-moe", ROOT / "data/models/wb-moe-eagle3", moe,
+                    COMMANDS)
+    section = machine_section(moe)
+    for name in ("wb-moe", "wb-moe-eagle3"):
+        append_machine_section(ROOT / "data/models" / name / "README.md", section)
+    print("wrote the README.md of data/models/wb-target, wb-eagle3, wb-moe, wb-moe-eagle3")
