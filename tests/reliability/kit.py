@@ -52,7 +52,7 @@ def serve_subprocess(model: str, draft: str) -> tuple[subprocess.Popen[str], str
     Its stderr keeps being drained; the caller terminates it."""
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "serve", "--model", model,
                              "--draft", draft, "--port", "0"], stderr=subprocess.PIPE,
-                            text=True)
+                            stdout=subprocess.DEVNULL, text=True)  # no access log
     assert proc.stderr is not None
     url = None
     for line in proc.stderr:

@@ -22,6 +22,9 @@ from typing import Any
 
 import httpx
 
+KINDS = ("flood n=16", "top_logprobs_num 8192", "800 x 10,000-char stops", "100 idle sockets",
+         "never reads", "slowloris", "20 MB body")  # the names hostile_threads tallies under
+
 
 def _addr(url: str) -> tuple[str, int]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -44,6 +47,7 @@ def hostile_threads(url: str, stop: threading.Event, tally: dict[str, Counter[An
     threads: list[threading.Thread] = []
 
     def spawn(name: str, fn: Callable[[], Any], n: int = 1) -> None:
+        assert name in KINDS, name
         if only is not None and only not in name:
             return
         tally[name] = Counter()

@@ -4,19 +4,29 @@ read, slowloris, 20 MB bodies), no normal request is refused (the flood's share 
 bounded; /health is never refused), every normal answer is exact, hostile requests are refused
 or queued, and the server ends healthy with all KV back. Latency under this load vs alone is a
 figure, not a test: tests/reliability/measure_mixed_load.py.
+
+A client that goes away while its request still waits for a batch slot takes it out of the
+queue at once (it used to be noticed only once the request reached the engine, so a flood of
+abandoned requests kept their slots and their queue positions).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from serve.hostile_load import mixed_load
-from serve.serving import serving
+from serve.serving import ENGINE_CONFIG, SPEC, serving
 
-from workbench.serve.server import ServeLimits, ServerHandle
+import workbench as wb
+from workbench.serve.server import ServeLimits, ServerHandle, start_server
 
 LIMITS = ServeLimits(max_body_bytes=1 << 20, read_timeout_s=2.0, keep_alive_s=1.0,
                      write_timeout_s=1.0, max_connections=256, max_waiting=64,
@@ -44,3 +54,59 @@ def test_mixed_hostile_load_refuses_no_normal_request(adv: ServerHandle) -> None
     assert httpx.get(adv.url + "/health", timeout=30).status_code == 200
     assert adv.wait_idle(120)
     assert adv.kv_usage()["used_blocks"] == 0
+
+
+def wait_for(cond: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_client_gone_while_queued_leaves_the_queue(micro_target: Path,
+                                                     serve_head: Path) -> None:
+    """One batch slot, taken by a long request; a second client sends a request (it queues in
+    the loop) and goes away. The queued request is aborted while the first still runs: its
+    slot and queue place are free at once, and the first request's answer is untouched."""
+    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head,
+                                       config=dataclasses.replace(ENGINE_CONFIG,
+                                                                  max_batch_size=1))
+    engine.set_spec(SPEC)
+    handle = start_server(engine, "127.0.0.1", 0, limits=LIMITS)
+    loop = handle.loop
+    long_body = {"text": "def parse(path):", "sampling_params": {
+        "max_new_tokens": 200, "temperature": 0, "ignore_eos": True}}
+    try:
+        expected = httpx.post(handle.url + "/generate", json=long_body, timeout=120).json()
+        got: dict[str, httpx.Response] = {}
+        first = threading.Thread(target=lambda: got.setdefault("r", httpx.post(
+            handle.url + "/generate", json=long_body, timeout=120)))
+        first.start()
+        assert wait_for(lambda: loop.num_running == 1, 30)
+        gate = threading.Event()
+        parked = loop.call(lambda e: gate.wait(60))  # the loop thread waits between two steps
+        try:
+            host, port = handle.url.removeprefix("http://").rsplit(":", 1)
+            s = socket.create_connection((host, int(port)))
+            body = json.dumps(long_body).encode()
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                      b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert wait_for(lambda: loop.num_pending == 2, 30)  # submitted, not admitted
+            s.close()
+            time.sleep(0.5)  # the server notices the disconnect while the loop is parked
+        finally:
+            gate.set()
+        parked.result(60)
+        # the abort was queued behind the submit: one drain of commands, before any step
+        assert wait_for(lambda: loop.num_pending == 1, 5), loop.num_pending
+        assert first.is_alive() and loop.num_running == 1  # the long request still runs
+        first.join(120)
+        assert got["r"].status_code == 200 and got["r"].json()["text"] == expected["text"]
+        assert loop.finished_total.get("abort") == 1, loop.finished_total
+        assert handle.wait_idle(60)
+        assert handle.kv_usage()["used_blocks"] == 0
+    finally:
+        handle.stop()
+        engine.close()

@@ -96,6 +96,27 @@ def test_health_and_server_info(http, server) -> None:
     assert http.get("/nope").status_code == 404
 
 
+@pytest.mark.parametrize(("kind", "extra"), [
+    ("greedy", {"temperature": 0}), ("sampled", {"temperature": 0.8}),
+    ("logprobs", {"temperature": 0})])
+def test_server_info_step_profile_counts_steps_by_batch_kind(http, kind, extra) -> None:
+    """/server_info's step_profile: the steps of a request's batch are counted under its kind,
+    with their tokens, wall time and the loop thread's CPU time (never more than the wall)."""
+    before = http.get("/server_info").json()["step_profile"]
+    body = {"text": TEXT_PROMPTS[2], "sampling_params": {"max_new_tokens": N, "ignore_eos": True,
+                                                          **extra}}
+    if kind == "logprobs":
+        body["return_logprob"] = True
+    assert http.post("/generate", json=body).status_code == 200
+    after = http.get("/server_info").json()["step_profile"]
+    d = {k: after[kind][k] - before[kind][k] for k in after[kind]}
+    assert d["steps"] >= 1 and d["requests"] >= d["steps"]
+    assert d["tokens"] >= N - 1  # the first token comes from the prefill step
+    assert 0 < d["cpu_s"] <= d["wall_s"] + 0.01 * d["steps"]  # clock granularity
+    others = [k for k in after if k != kind]
+    assert all(after[k]["steps"] == before[k]["steps"] for k in others), (before, after)
+
+
 NAMES = ["sglang:spec_accept_length", "sglang:spec_accept_rate", "sglang:num_running_reqs",
          "sglang:num_queue_reqs", "sglang:spec_num_steps", "sglang:spec_verify_calls_total",
          "sglang:generation_tokens_total", "sglang:prompt_tokens_total",

@@ -5,7 +5,9 @@ commands and await answers. :class:`ServeState` tokenizes off both threads, admi
 (503 while too many are outstanding, 400 naming the field when the engine refuses it), and
 awaits its final chunk (:meth:`ServeState.final`; None when the client went away, which aborts
 the request and frees its KV) or its streamed chunks (:meth:`ServeState.chunks`;
-:class:`AbortingStream` aborts however a stream ends). A failed request's engine error never
+:class:`AbortingStream` aborts however a stream ends); a client that goes away while its
+request still waits for a batch slot is noticed there too (:meth:`ServeState.admit`: the
+request leaves the queue). A failed request's engine error never
 reaches the client as exception text (:func:`public_chunk`).
 """
 
@@ -18,6 +20,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from starlette.requests import ClientDisconnect
 
 from workbench.errors import RequestError
 from workbench.serve.limits import ServeLimits, logprob_entries
@@ -115,7 +119,11 @@ class ServeState:
         except LoopClosed:
             raise HTTPError(loop_down(self.loop), None, 503) from None
 
-    async def admit(self, parsed: ParsedRequest) -> tuple[Ticket, AsyncSink, Admitted]:
+    async def admit(self, parsed: ParsedRequest, request: Any = None,
+                    ) -> tuple[Ticket, AsyncSink, Admitted]:
+        """Submit ``parsed`` and wait until the engine has it. With ``request`` (the HTTP
+        request, body read), a client that goes away while its request still waits for a
+        batch slot aborts it there (it leaves the queue) and raises ClientDisconnect."""
         sink = AsyncSink()
         if self.loop.max_pending is not None and self.loop.num_pending >= self.loop.max_pending:
             raise HTTPError(f"server: {self.loop.num_pending} requests are queued or running; "
@@ -131,7 +139,7 @@ class ServeState:
         except LoopClosed:
             raise HTTPError(loop_down(self.loop), None, 503) from None
         try:
-            first = await sink.queue.get()
+            first = await self._first(ticket, sink, request)
         except asyncio.CancelledError:
             self.loop.abort(ticket)
             raise
@@ -143,6 +151,24 @@ class ServeState:
             raise admission_error(first.message, parsed.prompt_field)
         assert isinstance(first, Admitted)
         return ticket, sink, first
+
+    async def _first(self, ticket: Ticket, sink: AsyncSink, request: Any) -> object:
+        """The loop's first answer on ``sink`` (Admitted or Rejected); the client's disconnect
+        while it waits aborts ``ticket`` and raises ClientDisconnect."""
+        if request is None:
+            return await sink.queue.get()
+        got = asyncio.ensure_future(sink.queue.get())
+        watcher = asyncio.ensure_future(disconnected(request))
+        try:
+            done, _ = await asyncio.wait({got, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not got.done():
+                got.cancel()
+        if got in done:
+            return got.result()
+        self.loop.abort(ticket)  # still queued: it leaves the queue (or is aborted at once)
+        raise ClientDisconnect()
 
     def check_budget(self, parsed: ParsedRequest, prompt_len: int) -> None:
         """A 400 naming the field before any work when the answer's log-probability tables

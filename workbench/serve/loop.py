@@ -46,6 +46,7 @@ from workbench.config import SamplingParams
 from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.stops import hold_back, text_stops
 from workbench.serve.sglang_metrics import ServeMetrics
+from workbench.serve.step_profile import StepProfile
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -159,6 +160,7 @@ class EngineLoop:
         self.requests_total = 0
         self.finished_total: dict[str, int] = {}
         self.metrics = ServeMetrics()  # latency histograms, gen_throughput (loop thread only)
+        self.profile = StepProfile()  # step time by batch kind (loop thread only)
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._live: dict[int, Ticket] = {}
         self._lock = threading.Lock()  # guards _closed against a racing submit
@@ -285,7 +287,11 @@ class EngineLoop:
                 if self.engine.has_unfinished():
                     self._busy_since = self._beat
                     t0, before = time.perf_counter(), self.engine.stats.generated_tokens
+                    sched = self.engine.scheduler
+                    self.profile.before([] if sched is None else
+                                        [*sched.running, *sched.waiting])
                     self._step()
+                    self.profile.after(self.engine.stats.generated_tokens - before)
                     self.metrics.on_step(t0, time.perf_counter(), before,
                                          self.engine.stats.generated_tokens,
                                          not self.engine.has_unfinished())

@@ -144,7 +144,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
     loop = st.loop
     engine = loop.engine
 
-    async def admit_all(req: OpenAIRequest, prompts: list[Any]) -> list[_Choice]:
+    async def admit_all(request: Any, req: OpenAIRequest, prompts: list[Any]) -> list[_Choice]:
         """Admit every choice (prompt i, sample j) or none: a refused one aborts the rest."""
         lp = None
         if req.logprobs is not None:
@@ -162,7 +162,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                     parsed = ParsedRequest(p, req.choice_sampling(j), req.stream, field,
                                            logprobs=lp, fanout=len(prompts) * req.n,
                                            logprobs_field=lp_field)
-                    ticket, sink, adm = await st.admit(parsed)
+                    ticket, sink, adm = await st.admit(parsed, request)
                     choices.append(_Choice(i * req.n + j, ticket, sink, adm.prompt_tokens))
         except BaseException:
             for c in choices:
@@ -244,7 +244,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": req.model or name}
         tok_text = _token_text(engine.tokenizer)
-        choices = await admit_all(req, req.prompts)
+        choices = await admit_all(request, req, req.prompts)
 
         def prompt_text(out: RequestOutput, i: int) -> str:
             p = req.prompts[i // req.n]
@@ -320,7 +320,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": req.model or name}
         tok_text = _token_text(tokenizer)
-        choices = await admit_all(req, [ids])
+        choices = await admit_all(request, req, [ids])
 
         if not req.stream:
             def message(c: _Choice, chunk: Chunk, out: RequestOutput) -> dict[str, Any]:

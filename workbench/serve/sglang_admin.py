@@ -142,7 +142,7 @@ def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any]
             return Response(status_code=200)  # busy and stepping: the probe is not needed
         probe = ParsedRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0,
                                                   ignore_eos=True), False, "input_ids")
-        ticket, sink, _ = await st.admit(probe)
+        ticket, sink, _ = await st.admit(probe, request)
         c = await st.final(request, ticket, sink)
         if c is None:
             return Response(status_code=499)

@@ -96,7 +96,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def info() -> Any:
-        return await st.call(lambda e: server_info(e, name))
+        return await st.call(lambda e: {**server_info(e, name),
+                                        "step_profile": loop.profile.snapshot()})
 
     @app.get("/metrics")
     async def metrics() -> Any:
@@ -122,7 +123,7 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
             parsed = dataclasses.replace(parsed, cumulative=True)
         rid = parsed.rid or uuid.uuid4().hex
         live.check_free([rid])
-        ticket, sink, adm = await st.admit(parsed)
+        ticket, sink, adm = await st.admit(parsed, request)
         live.add([rid], [ticket], loop.abort)
         body = response_body(loop.engine, parsed, rid, adm.prompt_tokens, t0)
 

@@ -158,7 +158,7 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
     admitted: list[tuple[Ticket, AsyncSink, int]] = []
     try:
         for p in parsed:
-            ticket, sink, adm = await st.admit(p)
+            ticket, sink, adm = await st.admit(p, request)
             admitted.append((ticket, sink, adm.prompt_tokens))
     except BaseException:
         for ticket, _, _ in admitted:
