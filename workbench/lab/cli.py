@@ -2,8 +2,9 @@
 
 * ``lab record --prompts-file F.jsonl --shape S,K,N --max-new-tokens N --out RUN``: greedy
   outputs and every draft tree at every output position (:mod:`workbench.lab.record`), plus
-  this machine's step-time model (forward costs from ``calibrate`` at two contexts, step
-  overheads from whole steps on the prompts: :mod:`workbench.lab.stepfit`) and the
+  this machine's step-time model (forward costs from ``calibrate`` at two contexts, whole
+  steps of closed loops on the prompts at c = 1, 4, 16, every arm on its own engine and
+  interleaved as ``bench concurrency`` runs them: :mod:`workbench.lab.stepfit`) and the
   machine and load;
 * ``lab replay RUN --policy P --levels 1,4,16,64 [--json]``: the closed-loop replay
   (:mod:`workbench.lab.replay`); ``--json`` prints one JSON object per (policy, level) with
@@ -98,7 +99,7 @@ def cmd_record(ns: argparse.Namespace) -> int:
     from workbench.bench.cli_args import engine_config
     from workbench.bench.workloads import read_prompts_file
     from workbench.lab.record import record
-    from workbench.lab.stepfit import fit_step_model
+    from workbench.lab.stepfit import BATCHES, anchor_shapes, fit_step_model
     from workbench.lab.trees import bs1_accept_lengths
     from workbench.machine import loadavg, machine_info
 
@@ -109,12 +110,25 @@ def cmd_record(ns: argparse.Namespace) -> int:
             raise ConfigError(f"{flag}: no model at {path}")
     before = loadavg()
     engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=engine_config(ns))
+    extra: list[Any] = []
     try:
-        cm = fit_step_model(engine, prompts, shape, contexts=CALIBRATION_CONTEXTS)
+        # one engine per measured arm (baseline, never, the anchor shapes), as bench runs them
+        longest = max(len(engine.tokenize(p)) for p in prompts)
+        need = max(BATCHES) * (longest + ns.max_new_tokens + 2 * engine.config.page_size + 64)
+        for _ in range(1 + len(anchor_shapes(shape))):
+            extra.append(wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=engine_config(
+                ns, kv_budget_tokens=need)))
+        cm = fit_step_model(engine, prompts, shape, contexts=CALIBRATION_CONTEXTS,
+                            tokens=ns.max_new_tokens, engines=extra)
+        for e in extra:
+            e.close()
+        extra = []
         run = record(engine, prompts, shape, ns.max_new_tokens, ns.chain_steps, cm,
                      progress=sys.stderr.isatty())
     finally:
         engine.close()
+        for e in extra:
+            e.close()
     run.meta.update({"model": str(ns.model), "draft": str(ns.draft),
                      "prompts_file": str(ns.prompts_file), "machine": machine_info(),
                      "load_before": before, "load_after": loadavg(),

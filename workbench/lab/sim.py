@@ -20,7 +20,9 @@ recorded request i mod R (the prompts' order), a new one joins as soon as one fi
 The draft's extend rule is the worker's: ``warm`` extends on every plain step, ``cold`` never,
 ``auto`` in the first 8 plain steps of an off stretch and only drafts at most
 ``catchup_window`` behind; a cold draft keeps the last ``catchup_window`` rows, which the next
-speculative step catches up. Step times (modelled): prefill = target(T, context); plain =
+speculative step catches up. Step times (modelled): prefill = an anchored model's measured
+prefill line (of plain or of speculative steps, as the step runs) over the step's chunks
+(else target(T, context) + the extends); plain =
 ``plain_step_ms(B)`` (cold) + draft(rows extended); spec = ``spec_step_ms(n, S, K, N, τ)``
 at the n speculating requests' own accept length + the riders' extra target rows + any warm
 extend, plus a catch-up draft(rows) — the run's cost model (an anchored one for recordings:
@@ -122,6 +124,10 @@ class Simulator:
         self.draft_state, self.window = draft_state, catchup_window
         self.max_prefill, self.max_batch = max_prefill_tokens, max_batch
         self.offsets = run.row_offsets()
+        # a measured prefill line (an anchored model's): a step's chunks priced together
+        has_line = bool(getattr(cost, "anchors", {}).get("prefill"))
+        self.line: Callable[..., float] | None = \
+            self.cost.prefill_ms if has_line else None  # type: ignore[attr-defined]
 
     # -- the extend rule --------------------------------------------------------------------
     def _warm(self, streak: int) -> bool:
@@ -161,7 +167,8 @@ class Simulator:
             for q in live:
                 if q.j < 0 and budget > 0:
                     t = min(q.prompt_len - q.prefilled, budget)
-                    ms_prefill += cm.target_ms(t, q.prefilled + t / 2)
+                    if self.line is None:
+                        ms_prefill += cm.target_ms(t, q.prefilled + t / 2)
                     q.prefilled += t
                     budget -= t
                     if q.prefilled == q.prompt_len:
@@ -169,7 +176,8 @@ class Simulator:
             for q in fresh:  # first token; the prefill's extend per the rule
                 q.j, q.lag = 0, q.prompt_len
                 if spec and self._extendable(q, streak):
-                    ms_prefill += cm.draft_ms(q.lag, q.prompt_len / 2)
+                    if self.line is None:
+                        ms_prefill += cm.draft_ms(q.lag, q.prompt_len / 2)
                     q.lag = 0
             ms, tokens, mode = 0.0, len(fresh), "prefill"
             catchup = 0.0
@@ -214,6 +222,8 @@ class Simulator:
                         policy.observe(d, ms, [])
                 steps.append((b, shape_name(d.shape) if mode == "spec" else "off",
                               ms + catchup, tokens))
+            if self.line is not None and budget < self.max_prefill:  # the extends included
+                ms_prefill = self.line(self.max_prefill - budget, spec=mode == "spec")
             clock += ms_prefill + ms + catchup
             for q in fresh:
                 q.first = clock
