@@ -259,3 +259,60 @@ def test_fanout_floods_cannot_take_the_single_requests_slots(adv: ServerHandle,
     assert singles and set(singles) == {200}, singles
     assert 503 in flood and 200 in flood, flood  # the flood was refused and served in turn
     still_serves(adv, canary_text)
+
+
+def test_a_flood_does_not_grow_in_the_gaps_between_a_clients_requests(adv: ServerHandle,
+                                                                        canary_text: str) -> None:
+    """One client sends single requests back to back while floods of several-choice requests
+    run: their choices never outnumber that client's requests in the running batch, the gaps
+    between its requests included (the flood grew by one choice per gap, and each next request
+    shared the batch with all of them)."""
+    loop = adv.loop
+    loop.FANOUT_RAMP_S = 0.2  # type: ignore[misc]  # this server's loop only (restored below)
+    stop = threading.Event()
+    flood: list[int] = []
+    seen: list[tuple[int, int]] = []  # (fan-out choices running, single requests live)
+
+    def flooder() -> None:
+        with httpx.Client(timeout=120) as c:
+            while not stop.is_set():
+                flood.append(c.post(adv.url + "/v1/completions", json={
+                    "prompt": "x = [", "n": 4, "max_tokens": 64,
+                    "temperature": 0.8}).status_code)
+
+    def composition(_: object) -> tuple[int, int]:
+        fan = sum(t.share == "fanout" for t in loop._live.values())
+        return fan, len(loop._live) - fan
+
+    singles = []
+    with httpx.Client(timeout=60) as c:
+        assert c.post(adv.url + "/generate", json=CANARY).status_code == 200
+        sampler_done = threading.Event()
+
+        def sample() -> None:
+            while not sampler_done.is_set():
+                seen.append(adv.call(composition))
+                time.sleep(0.02)
+
+        threads = [threading.Thread(target=flooder) for _ in range(3)]
+        watcher = threading.Thread(target=sample)
+        try:
+            for t in threads:
+                t.start()
+            watcher.start()
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                r = c.post(adv.url + "/generate", json=CANARY)
+                singles.append(r.status_code)
+                assert r.status_code != 200 or r.json()["text"] == canary_text
+        finally:
+            sampler_done.set()
+            watcher.join()
+            stop.set()
+            for t in threads:
+                t.join()
+            del loop.FANOUT_RAMP_S  # back to the class's value
+    assert singles and set(singles) == {200}, singles
+    assert 200 in flood, flood
+    assert seen and max(fan for fan, _ in seen) <= 1, sorted(set(seen))
+    still_serves(adv, canary_text)

@@ -126,7 +126,8 @@ class EngineLoop:
     once and keeps the rest itself, one queue per share, admitted in turn (a single request
     waits for at most one choice of a flood, not for the whole flood); while single requests
     are about, choices of several-choice requests never outnumber them in the running batch,
-    otherwise they fill at most ``FANOUT_SHARE`` of it (:meth:`_fanout_room`;
+    otherwise they fill at most ``FANOUT_SHARE`` of it, growing only once no single request
+    has been about for ``FANOUT_RAMP_S`` (:meth:`_fanout_room`;
     docs/SERVING.md)."""
 
     FANOUT_SHARE = 0.5
@@ -148,6 +149,7 @@ class EngineLoop:
             "single": collections.deque(), "fanout": collections.deque()}
         self._single_next = True  # whose turn it is when both shares wait
         self._fan_admitted = -1e9  # monotonic time a fan-out choice was last admitted
+        self._single_seen = -1e9  # monotonic time a single request was last live or waiting
         self.on_fatal = on_fatal
         self.error: str | None = None  # set when engine.step raised; the loop is then dead
         self.error_id: str | None = None  # names that failure in the log (5xx bodies show it)
@@ -394,14 +396,17 @@ class EngineLoop:
         """May one more choice of a several-choice request run? While single requests run or
         wait, such choices never outnumber them in the running batch (equal shares by kind: a
         single request shares the engine with at most one flood choice); otherwise they grow
-        by one per ``FANOUT_RAMP_S`` up to ``FANOUT_SHARE`` of it, so the gap between a
-        client's requests does not let a flood fill the batch it will then share."""
+        by one per ``FANOUT_RAMP_S`` up to ``FANOUT_SHARE`` of it, starting ``FANOUT_RAMP_S``
+        after the last single request left: the gap between a client's back-to-back requests
+        does not let a flood grow into the batch that client's next request will share."""
         assert self.max_running is not None
         running = sum(t.share == "fanout" for t in self._live.values())
         singles = len(self._live) - running + len(self._waiting["single"])
+        now = time.monotonic()
         if singles:
+            self._single_seen = now
             return running < singles
-        return (time.monotonic() - self._fan_admitted >= self.FANOUT_RAMP_S
+        return (now - max(self._fan_admitted, self._single_seen) >= self.FANOUT_RAMP_S
                 and running < max(int(self.max_running * self.FANOUT_SHARE), 1))
 
     def _abort(self, t: Ticket) -> None:
@@ -440,6 +445,8 @@ class EngineLoop:
 
     def _finish(self, rid: int, error: str | None) -> None:
         t = self._live.pop(rid)
+        if t.share == "single":
+            self._single_seen = time.monotonic()
         out = self.engine.output(rid)
         reason = out.finish_reason or "abort"
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
