@@ -133,3 +133,40 @@ def test_strict_refuses_a_run_on_provisional_choices(
     doc = json.loads((out / "spec_bs1.json").read_text())
     assert doc["conditions"]["provisional"] == []
     assert not {"contended", "provisional_choice"} & {f["code"] for f in doc["flags"]}
+
+
+def test_bench_spec_states_a_reduced_dtype_s_effect(micro_target: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: bf16 is an option with its numerical effect stated, never silently: the run
+    prints and saves its speed and its agreement with float32, measured in the same run."""
+    from workbench.models.synthetic import write_random_head
+
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    head = write_random_head(micro_target, tmp_path / "head", draft_vocab=100)
+    out = tmp_path / "res"
+    argv = ["bench", "spec", "--model", str(micro_target), "--draft", str(head),
+            "--prompts", "2", "--max-new-tokens", "6", "--out", str(out),
+            "--engine", "dtype=bfloat16,compile=off"]
+    main(argv)
+    doc = json.loads((out / "spec_bs1.json").read_text())
+    eff = doc["dtype_effect"]
+    assert eff["dtype"] == "bfloat16" and eff["prompts"] == 2
+    assert 0.0 <= eff["agreement"] <= 1.0 and len(eff["agreement_per_prompt"]) == 2
+    assert all(0 <= f <= 6 for f in eff["first_divergence"])
+    assert 0.0 < eff["max_logit_diff"] < 10.0  # bf16 rounds: never exactly float32's
+    assert eff["tok_s"]["float32"] > 0 and eff["tok_s"]["bfloat16"] > 0
+    assert all(r["lossless"] for r in doc["summary"])  # against the bf16 baseline
+    printed = capsys.readouterr().out
+    assert "dtype bfloat16 vs float32 (baselines, same run)" in printed
+    assert "thread count:" in printed or "threads=" in printed
+
+
+def test_float32_has_no_dtype_effect(micro_target: Path, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench as wb
+    from workbench.bench.spec import dtype_effect
+
+    monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
+    with wb.Engine(micro_target) as e:
+        assert dtype_effect(e, [[5, 6, 7]], 4) is None

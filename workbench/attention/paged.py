@@ -42,6 +42,15 @@ class PagedAttention:
         self.run_k: torch.Tensor | None = None  # (L, T, Hkv, hd) views: the new tokens' slots
         self.run_v: torch.Tensor | None = None
         self._tril: dict[int, torch.Tensor] = {}  # additive causal (q, q) blocks by q
+        # Reduced precision on the CPU: SDPA runs in float32. Its bf16 kernel rounds a masked
+        # tree row differently from the same row decoded alone, and the speculative output
+        # must equal the baseline's at every dtype (tests/speculative/test_bf16_lossless.py:
+        # 9 of 16 cases differed with bf16 SDPA, none with float32). Float32 SDPA still
+        # differs in its last bits between batch shapes (docs/REFERENCE.md §3), and rounding
+        # its output to bf16 can turn that into a token flip at a near-tie: measured rates in
+        # docs/PERFORMANCE.md §5. The pool stays in the model's dtype.
+        reduced = k_pool.dtype in (torch.bfloat16, torch.float16) and dev.type == "cpu"
+        self.sdpa_dtype = torch.float32 if reduced else k_pool.dtype
 
     def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],
              tree_masks: list[torch.Tensor | None] | None = None) -> None:
@@ -88,7 +97,7 @@ class PagedAttention:
         # T=16 (measured on the 2-core EPYC: 58 vs 61 µs per verify-shaped call). Built
         # directly (no bool mask first): prefix columns 0, each request's new-token block the
         # cached causal block or its tree mask, everything else -inf.
-        mask = torch.full((b, 1, lq, lk), float("-inf"), dtype=self.k_pool.dtype, device=dev)
+        mask = torch.full((b, 1, lq, lk), float("-inf"), dtype=self.sdpa_dtype, device=dev)
         for i, (q, s) in enumerate(zip(q_lens, kv_slots, strict=True)):
             n = int(s.numel())
             pre = n - q
@@ -108,7 +117,7 @@ class PagedAttention:
         t = self._tril.get(q)
         if t is None:
             ones = torch.ones(q, q, dtype=torch.bool, device=self.device)
-            t = torch.zeros(q, q, dtype=self.k_pool.dtype, device=self.device)
+            t = torch.zeros(q, q, dtype=self.sdpa_dtype, device=self.device)
             t = t.masked_fill_(~ones.tril(), float("-inf"))
             if q <= 64:
                 self._tril[q] = t
@@ -134,7 +143,11 @@ class PagedAttention:
         else:
             qq = q.new_zeros(b * lq, *q.shape[1:]).index_copy_(0, self.q_index, q)
             qq = qq.view(b, lq, *q.shape[1:])
+        dt = qq.dtype
+        if dt != self.sdpa_dtype:
+            qq, kk, vv = qq.to(self.sdpa_dtype), kk.to(self.sdpa_dtype), vv.to(self.sdpa_dtype)
         o = F.scaled_dot_product_attention(qq.transpose(1, 2), kk, vv, attn_mask=self.mask,
                                            is_causal=self.is_causal, enable_gqa=self.gqa)
+        o = o.to(dt)
         o = o.transpose(1, 2).reshape(b * lq, q.shape[1], vv.shape[-1])  # MLA: v dim < q dim
         return o if self.q_index is None else o[self.q_index]

@@ -23,7 +23,7 @@ from workbench.bench.cli_output import finish, json_records, print_choices, run_
 
 def bench_spec(ns: argparse.Namespace) -> int:
     from workbench.bench.sanity import mark
-    from workbench.bench.spec import ceiling_lines, run_spec_bench
+    from workbench.bench.spec import ceiling_lines, dtype_effect, dtype_effect_line, run_spec_bench
     from workbench.config import SpecConfig
 
     prompts = args.prompts(ns)
@@ -36,15 +36,24 @@ def bench_spec(ns: argparse.Namespace) -> int:
         res = run_spec_bench(engine, prompts, arms=arms, max_new_tokens=args.max_new(ns),
                              repeats=repeats, bound=engine.runner.draft is not None)
         choices = run_choices(engine)
+        mon = engine.contention
+        # a reduced dtype's speed and numerical effect against float32, stated, never silent
+        effect = dtype_effect(engine, prompts[:4], args.max_new(ns))
     finally:
         engine.close()
     flags = res.flags()
     show("EAGLE-3 vs baseline, bs=1, greedy", mark(res.summary, flags))
     for line in ceiling_lines(res.summary):
         print(line)
+    if mon is not None:
+        print(f"thread count: {len(mon.log)} re-measurement(s) during the run, "
+              f"{mon.recalibrations} drift(s) on a quiet machine re-calibrated without one")
+    extra = {"engine_choices": choices}
+    if effect is not None:
+        print(dtype_effect_line(effect))
+        extra["dtype_effect"] = effect
     path = res.save(ns.out)
-    stamp(path, flags, res.machine.get("load"), {"engine_choices": choices}, "spec",
-          mark(res.summary, flags))
+    stamp(path, flags, res.machine.get("load"), extra, "spec", mark(res.summary, flags))
     print(f"\nresults: {path}")
     return finish(ns, bool(res.summary["lossless"].all()), flags)
 

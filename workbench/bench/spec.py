@@ -149,6 +149,82 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     return SpecBenchResult(df, g.reset_index(), machine)
 
 
+def dtype_effect(engine: Engine, prompts: list[Any], max_new_tokens: int = 64,
+                 repeats: int = 2) -> dict[str, Any] | None:
+    """What a reduced-precision engine (``EngineConfig.dtype`` bfloat16/float16) does to the
+    numbers, against a float32 engine on the same models, in the same run (None for float32).
+
+    ``agreement``: the share of greedy output positions where the two baselines emit the same
+    token (per prompt and overall), ``first_divergence`` per prompt; ``max_logit_diff`` /
+    ``mean_logit_diff``: |logits| difference of the two targets' dense forwards over each
+    prompt followed by the float32 output (teacher-forced, every position); ``tok_s`` of each
+    baseline, the two timed in turns per prompt ``repeats`` times, and ``speedup`` (reduced
+    over float32)."""
+    import dataclasses
+
+    import torch
+
+    cfg = engine.config
+    if cfg.dtype == "float32":
+        return None
+    from workbench.engine.engine import Engine as EngineCls
+
+    ref = EngineCls.from_pretrained(engine.model_path, config=dataclasses.replace(
+        cfg, dtype="float32"))
+    try:
+        sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+        ref.generate(prompts[:1], sp)  # warm-up
+        secs = {"float32": 0.0, cfg.dtype: 0.0}
+        toks = dict.fromkeys(secs, 0)
+        outs: dict[str, list[list[int]]] = {k: [] for k in secs}
+        for r in range(repeats):
+            for p in prompts:
+                for name, e in (("float32", ref), (cfg.dtype, engine)):
+                    t0 = time.perf_counter()
+                    o = e.generate([p], sp)[0]
+                    secs[name] += time.perf_counter() - t0
+                    toks[name] += len(o.token_ids)
+                    if r == 0:
+                        outs[name].append(o.token_ids)
+        from workbench.engine.prompts import tokenize
+
+        agree, first, max_d, mean_d = [], [], 0.0, []
+        ta, tb = ref.runner.target, engine.runner.target
+        assert ta is not None and tb is not None  # loaded at init
+        for p, a, b in zip(prompts, outs["float32"], outs[cfg.dtype], strict=True):
+            n = min(len(a), len(b))
+            same = [x == y for x, y in zip(a[:n], b[:n], strict=True)]
+            agree.append(sum(same) / max(1, n))
+            first.append(same.index(False) if False in same else n)
+            ids = torch.tensor([[*tokenize(ref.tokenizer, ta.config.vocab_size, p), *a]],
+                               dtype=torch.int64)
+            with torch.inference_mode():
+                la, lb = ta.forward_dense(ids)[0].float(), tb.forward_dense(ids)[0].float()
+            d = (la - lb).abs()
+            max_d = max(max_d, float(d.max()))
+            mean_d.append(float(d.mean()))
+        tok_s = {k: toks[k] / secs[k] for k in secs}
+        return {"dtype": cfg.dtype, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+                "agreement": sum(agree) / len(agree), "agreement_per_prompt": agree,
+                "first_divergence": first, "max_logit_diff": max_d,
+                "mean_logit_diff": sum(mean_d) / len(mean_d),
+                "tok_s": tok_s, "speedup": tok_s[cfg.dtype] / tok_s["float32"]}
+    finally:
+        ref.close()
+
+
+def dtype_effect_line(eff: dict[str, Any]) -> str:
+    """One line: the reduced dtype's speed and numerical effect against float32."""
+    tok_s = eff["tok_s"]
+    return (f"dtype {eff['dtype']} vs float32 (baselines, same run): {tok_s[eff['dtype']]:.1f}"
+            f" vs {tok_s['float32']:.1f} tok/s = {eff['speedup']:.2f}x; greedy tokens agree"
+            f" with float32 at {100 * eff['agreement']:.0f} % of positions ({eff['prompts']} "
+            f"prompts x {eff['max_new_tokens']}, first divergence at "
+            f"{min(eff['first_divergence'])}-{max(eff['first_divergence'])}); logits differ by "
+            f"{eff['mean_logit_diff']:.3f} on average, {eff['max_logit_diff']:.2f} at most. "
+            "Speculative outputs are compared with this dtype's own baseline (lossless column).")
+
+
 def ceiling_lines(summary: pd.DataFrame) -> list[str]:
     """One line per arm with a ceiling: the speedup beside the ceiling measured in the run."""
     lines = []

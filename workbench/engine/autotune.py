@@ -274,10 +274,11 @@ def time_gemm_paths(target: Any, candidates: tuple[str, ...], shapes: Mapping[st
     with torch.inference_mode():
         for label, m in shapes.items():
             xs: dict[int, torch.Tensor] = {}
+            dt = weights[0][1].dtype  # the model's (bf16 GEMMs take bf16 activations)
             for _, w, _ in weights:
-                xs.setdefault(w.shape[1], torch.randn(m, w.shape[1], generator=gen))
-            res = {n: torch.randn(m, n, generator=gen) for n in {w.shape[0] for _, w, _ in
-                                                                   weights}}
+                xs.setdefault(w.shape[1], torch.randn(m, w.shape[1], generator=gen).to(dt))
+            res = {n: torch.randn(m, n, generator=gen).to(dt)
+                   for n in {w.shape[0] for _, w, _ in weights}}
             passes: dict[str, Callable[[], None]] = {}
             for c in candidates:
                 lin, lin_add = gemm_ops(c)
@@ -331,7 +332,8 @@ def decide_gemm(runner: ModelRunner, cached: Mapping[str, Any] | None,
     w = target.lm_head.weight
     if not onednn_ok(w):
         return Choice("gemm", "dense", "only", ("dense",),
-                      note=f"oneDNN packing needs float32 on CPU ({w.dtype} on {w.device})")
+                      note=f"oneDNN packing needs float32 (or bf16 kernels) on CPU ({w.dtype} on "
+                           f"{w.device})")
     c = final((cached or {}).get("gemm"))
     if c is not None and c.get("choice") in ("dense", "onednn"):
         return Choice("gemm", c["choice"], "cached", tuple(c.get("candidates", ())),

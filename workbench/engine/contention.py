@@ -205,9 +205,10 @@ def gemm_pass(target: Any, m: int) -> Callable[[], None]:
     layers = list(target._fast)
     head = target._head
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(m, d, generator=gen)
-    xi = torch.randn(m, target.config.intermediate_size, generator=gen)
-    xa = torch.randn(m, layers[0].h * layers[0].hd, generator=gen)
+    dt = target.lm_head.weight.dtype  # the model's (bf16 GEMMs take bf16 activations)
+    x = torch.randn(m, d, generator=gen).to(dt)
+    xi = torch.randn(m, target.config.intermediate_size, generator=gen).to(dt)
+    xa = torch.randn(m, layers[0].h * layers[0].hd, generator=gen).to(dt)
 
     def run() -> None:
         with torch.inference_mode():

@@ -47,9 +47,14 @@ GEMMS = ("auto", "onednn", "dense")
 
 
 def onednn_ok(weight: torch.Tensor) -> bool:
-    """Can oneDNN pack this weight? (float32 on a CPU with mkldnn.)"""
-    return (weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.backends.mkldnn.is_available())
+    """Can oneDNN pack this weight? (float32 on a CPU with mkldnn; bfloat16 where oneDNN has
+    bf16 kernels: AVX-512-bf16 / AMX. Each row is computed the same way at every M in both,
+    checked in tests/models/test_fast_paths.py.)"""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.dtype == torch.float32
 
 
 def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
@@ -61,7 +66,8 @@ def resolve_gemm(kind: str, weight: torch.Tensor) -> str:
     if kind not in GEMMS:
         raise ValueError(f"gemm: {kind!r} not in {GEMMS}")
     if kind == "onednn" and not onednn_ok(weight):
-        raise ValueError(f"gemm='onednn' needs a float32 CPU model with mkldnn; got "
+        raise ValueError(f"gemm='onednn' needs a float32 (or, with bf16 kernels, bfloat16) "
+                         f"CPU model with mkldnn; got "
                          f"{weight.dtype} on {weight.device} (mkldnn available: "
                          f"{torch.backends.mkldnn.is_available()})")
     return "onednn" if kind == "onednn" else "dense"
@@ -84,7 +90,8 @@ M_BUCKET = 64
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
-    """oneDNN-packed copy of a (out, in) float32 weight (an opaque ``_mkldnn`` tensor)."""
+    """oneDNN-packed copy of a (out, in) float32 or bfloat16 weight (an opaque ``_mkldnn``
+    tensor)."""
     return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_HINT)
 
 
