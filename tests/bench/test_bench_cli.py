@@ -75,8 +75,15 @@ def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
     assert tree["ceiling"] == pytest.approx(tree["tau"] / (tree["verify_ratio"] +
                                                            tree["draft_ratio"]))
     assert tree["of_ceiling"] == pytest.approx(tree["speedup"] / tree["ceiling"])
-    (line,) = ceiling_lines(res.summary)
+    line, phases = ceiling_lines(res.summary)
     assert line.startswith(f"tree: {tree['speedup']:.2f}x of a ceiling {tree['ceiling']:.2f}x")
+    # where the overhead sits, by phase: every phase reported, the tree's and the extend's
+    # bookkeeping without their draft forwards
+    assert phases.startswith("  overhead ms per step by phase: schedule ")
+    for k in ("schedule", "tree", "verify", "accept", "commit", "extend", "other"):
+        assert f" {k} " in phases and not pd.isna(tree[f"overhead_{k}_ms"])
+    for k in ("tree", "accept", "commit", "extend"):
+        assert tree[f"overhead_{k}_ms"] > 0.0
 
 
 def test_forward_clock_times_each_steps_forwards(micro_target: Path, tmp_path: Path,
@@ -96,10 +103,16 @@ def test_forward_clock_times_each_steps_forwards(micro_target: Path, tmp_path: P
         assert got == ref  # timing changes nothing
         assert not {"step"} & set(vars(e)) and "forward" not in vars(e.runner.target)
         assert not {"forward", "features"} & set(vars(e.runner.draft))  # every wrapper removed
+        assert not {"_draft", "extend"} & set(vars(e.worker))
     assert len(clock.rows) >= 2 and [r["step"] for r in clock.rows] == sorted(
         r["step"] for r in clock.rows)
     for r in clock.rows:
         assert 0.0 < r["target_ms"] + r["draft_ms"] <= r["total_ms"]
+        # the draft forwards inside a tree build / an extend are inside its time
+        assert 0.0 <= r["tree_fwd_ms"] <= r["tree_ms"] and 0.0 <= r["extend_fwd_ms"] <= \
+            r["extend_ms"]
+        assert r["tree_fwd_ms"] + r["extend_fwd_ms"] <= r["draft_ms"] + 1e-9
+    assert any(r["tree_fwd_ms"] > 0 for r in clock.rows)
     assert any(r["draft_ms"] > 0 for r in clock.rows)  # speculative steps ran the draft
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from workbench.bench.step_cost import PHASES
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
 
@@ -144,6 +145,9 @@ def run_spec_bench(engine: Engine, prompts: list[str],
                                                            cost["draft_ratio"])
             g.loc[name, "of_ceiling"] = g.loc[name, "speedup"] / g.loc[name, "ceiling"]
             g.loc[name, "overhead"] = cost["overhead"]
+            for k, v in cost.items():  # where the overhead sits: ms per step by phase
+                if k.startswith("overhead_"):
+                    g.loc[name, k] = v
     machine = machine_info()
     machine["load"] = load.as_dict()
     return SpecBenchResult(df, g.reset_index(), machine)
@@ -236,4 +240,8 @@ def ceiling_lines(summary: pd.DataFrame) -> list[str]:
             f"(τ {r['tau']:.2f} / (verify {r['verify_ratio']:.2f} + drafts "
             f"{r['draft_ratio']:.2f} plain steps, forwards alone)) = {r['of_ceiling']:.2f} of "
             f"it; per-step overhead {100 * r['overhead']:.0f} % of its forwards")
+        parts = [f"{k} {r[f'overhead_{k}_ms']:.2f}" for k in PHASES
+                 if not pd.isna(r.get(f"overhead_{k}_ms", float("nan")))]
+        if parts:
+            lines.append(f"  overhead ms per step by phase: {', '.join(parts)}")
     return lines

@@ -12,7 +12,12 @@ untouched). Each step's row:
   over the median plain step ms (plain-step units, the same run);
 * ``ceiling`` = τ / (verify_ratio + draft_ratio): the speedup if nothing but the forwards cost
   time (schedule, tree building, accept, commit, extend bookkeeping, Python all free);
-* ``overhead``: median over speculative steps of (step − its forwards) / its forwards.
+* ``overhead``: median over speculative steps of (step − its forwards) / its forwards;
+* ``overhead_ms``: where that overhead sits, median ms per speculative step by phase (the
+  trace's ``StepTiming`` phases less the forwards run inside them): ``schedule``, ``tree``
+  (building the trees around the draft forwards), ``verify`` (the verify batch around the
+  target forward), ``accept``, ``commit``, ``extend`` (the draft extends' bookkeeping, the
+  cold catch-up's included) and ``other`` (the rest of the step: accounting, tracing, Python).
 """
 
 from __future__ import annotations
@@ -28,26 +33,42 @@ if TYPE_CHECKING:
     from workbench.engine.engine import Engine
 
 
+# ForwardClock's per-step keys: all forwards, and the tree builds / extends with theirs
+KEYS = ("target_ms", "draft_ms", "tree_ms", "tree_fwd_ms", "extend_ms", "extend_fwd_ms")
+PHASES = ("schedule", "tree", "verify", "accept", "commit", "extend", "other")
+
+
 class ForwardClock:
     """Per-step forward times of ``engine`` inside a ``with`` block (module docstring)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.rows: list[dict[str, float]] = []
-        self._cur = {"target_ms": 0.0, "draft_ms": 0.0}
+        self._cur = dict.fromkeys(KEYS, 0.0)
         self._undo: list[tuple[Any, str]] = []
+        self._where: list[str] = []  # "tree" / "extend" while the worker builds / extends
 
-    def _wrap(self, obj: Any, name: str, key: str | None) -> None:
+    def _wrap(self, obj: Any, name: str, key: str | None, where: str | None = None) -> None:
+        """``key``: a forward's ms (also added to ``<where>_fwd_ms`` inside a tree build or an
+        extend); ``where``: a worker phase whose whole ms goes to ``<where>_ms``."""
         fn: Callable[..., Any] = getattr(obj, name)
-        cur = self._cur
+        cur, inside = self._cur, self._where
 
         def timed(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
+            if where is not None:
+                inside.append(where)
             try:
                 return fn(*a, **k)
             finally:
+                ms = 1e3 * (time.perf_counter() - t0)
+                if where is not None:
+                    inside.pop()
+                    cur[f"{where}_ms"] += ms
                 if key is not None:
-                    cur[key] += 1e3 * (time.perf_counter() - t0)
+                    cur[key] += ms
+                    if inside and key == "draft_ms":
+                        cur[f"{inside[-1]}_fwd_ms"] += ms
 
         setattr(obj, name, timed)  # an instance attribute: the class is untouched
         self._undo.append((obj, name))
@@ -59,10 +80,13 @@ class ForwardClock:
         if runner.draft is not None:  # its forward and its feature GEMM (fc over the taps)
             self._wrap(runner.draft, "forward", "draft_ms")
             self._wrap(runner.draft, "features", "draft_ms")
+        worker = self.engine.worker
+        self._wrap(worker, "_draft", None, "tree")
+        self._wrap(worker, "extend", None, "extend")
         step = self.engine.step
 
         def timed_step() -> Any:
-            self._cur.update(target_ms=0.0, draft_ms=0.0)
+            self._cur.update(dict.fromkeys(KEYS, 0.0))
             t0 = time.perf_counter()
             out = step()
             self.rows.append({"step": self.engine.step_id,
@@ -87,8 +111,19 @@ def _run(engine: Engine, prompts: list[Any], sp: SamplingParams,
     with wb.trace(engine, events=["StepTiming"]) as tr, ForwardClock(engine) as clock:
         for p in prompts:
             engine.generate([p], sp, spec=spec)
-    modes = dict(zip(tr.frame("timing")["step"], tr.frame("timing")["mode"], strict=True))
-    return [{**r, "mode": modes[r["step"]]} for r in clock.rows if r["step"] in modes]
+    timing = tr.frame("timing").set_index("step")
+    cols = ["mode", "schedule_ms", "verify_ms", "accept_ms", "commit_ms"]
+    steps = {int(k): v for k, v in timing[cols].to_dict(orient="index").items()}
+    return [{**r, **steps[int(r["step"])]} for r in clock.rows if int(r["step"]) in steps]
+
+
+def overhead_ms(r: dict[str, Any]) -> dict[str, float]:
+    """One speculative step's overhead by phase (module docstring), in ms."""
+    out = {"schedule": r["schedule_ms"], "tree": r["tree_ms"] - r["tree_fwd_ms"],
+           "verify": r["verify_ms"] - r["target_ms"], "accept": r["accept_ms"],
+           "commit": r["commit_ms"], "extend": r["extend_ms"] - r["extend_fwd_ms"]}
+    out["other"] = r["total_ms"] - r["target_ms"] - r["draft_ms"] - sum(out.values())
+    return out
 
 
 def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
@@ -109,6 +144,9 @@ def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | 
         draft = statistics.median(r["draft_ms"] for r in steps)
         over = statistics.median(r["total_ms"] / (r["target_ms"] + r["draft_ms"]) - 1.0
                                  for r in steps)
+        by_phase = [overhead_ms(r) for r in steps]
         out[name] = {"verify_ratio": verify / plain, "draft_ratio": draft / plain,
-                     "overhead": over}
+                     "overhead": over,
+                     **{f"overhead_{k}_ms": statistics.median(p[k] for p in by_phase)
+                        for k in PHASES}}
     return out
