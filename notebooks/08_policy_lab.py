@@ -66,10 +66,12 @@ print(format_machine(machine_info()), "· load", loadavg())
 
 # %% [markdown]
 # ## Record once
-# The step-time model is measured first (forward costs on scratch KV, then the overheads of
-# whole plain and speculative steps on these prompts), then every prompt is decoded once with a
-# warm draft while the engine's own drafter proposes, at each position, one tree per top-k with
-# every candidate kept.
+# The step-time model is measured first: forward costs on scratch KV, then whole steps of
+# closed loops on these prompts at c = 1, 4, 16 (`never`, and `always` at three shapes), one
+# after another on this engine as the real-run check below runs its arms (`lab record` gives
+# every arm its own engine and interleaves them, as `bench concurrency` does). Then every
+# prompt is decoded once with a warm draft while the engine's own drafter proposes, at each
+# position, one tree per top-k with every candidate kept.
 
 # %%
 # NBVAL_IGNORE_OUTPUT

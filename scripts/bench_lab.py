@@ -5,11 +5,14 @@
    with baseline and never);
 3. ``lab replay RUN --policy P --against`` the bench's rows.
 
-Prints the comparison with the machine and the load around every step, and writes
-``OUT/lab_validation.json``. Usage::
+Prints the 9-cell table (replayed vs measured ratio, error, pass/FAIL at ±10 %) with the
+machine and the load around every step, and writes ``OUT/lab_validation.json``. The recording
+measures its step model the way step 2 runs (every arm on its own engine, interleaved): both
+on an idle machine, or the comparison measures the load's drift between them. Usage::
 
     python scripts/bench_lab.py --prompts-file F.jsonl --out DIR \\
         [--policy always,threshold:auto,goodput] [--levels 1,4,16] [--max-new-tokens 64]
+        [--engine threads=2]
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ def main() -> int:
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--shape", default="5,4,16")
+    ap.add_argument("--engine", default="", metavar="KEY=VALUE,...",
+                    help="EngineConfig overrides for the recording and the bench alike "
+                         "(e.g. threads=2: on a busy machine the engines may choose apart)")
     ns = ap.parse_args()
+    engine = ["--engine", ns.engine] if ns.engine else []
     sys.path.insert(0, str(ROOT))
     from workbench.machine import format_machine, loadavg, machine_info
 
@@ -47,11 +54,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     loads = {"start": loadavg()}
     _run(["lab", "record", "--prompts-file", ns.prompts_file, "--shape", ns.shape,
-          "--max-new-tokens", str(ns.max_new_tokens), "--out", str(out / "run")])
+          "--max-new-tokens", str(ns.max_new_tokens), "--out", str(out / "run"), *engine])
     loads["recorded"] = loadavg()
     _run(["bench", "concurrency", "--prompts-file", ns.prompts_file, "--policy", ns.policy,
           "--levels", ns.levels, "--max-new-tokens", str(ns.max_new_tokens), "--spec",
-          ns.shape, "--json", "--out", str(out / "bench")], stdout=out / "bench.jsonl")
+          ns.shape, "--json", "--out", str(out / "bench"), *engine], stdout=out / "bench.jsonl")
     loads["measured"] = loadavg()
     _run(["lab", "replay", str(out / "run"), "--policy", ns.policy, "--levels", ns.levels,
           "--against", str(out / "bench.jsonl"), "--json"], stdout=out / "replay.jsonl")
@@ -74,6 +81,7 @@ def main() -> int:
     print(f"{ok}/{len(checked)} cells within ±10 %")
     (out / "lab_validation.json").write_text(json.dumps(
         {"machine": machine, "load": loads, "policy": ns.policy, "levels": ns.levels,
+         "engine": ns.engine,
          "max_new_tokens": ns.max_new_tokens, "rows": rows, "within": ok,
          "cells": len(checked)}, indent=2) + "\n")
     print(f"wrote {out / 'lab_validation.json'}")
