@@ -32,6 +32,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (serve.hostile_load)
 
 from reliability.kit import serve_subprocess  # noqa: E402
-from serve.hostile_load import KINDS, mixed_load, normal_requests  # noqa: E402
+from serve.hostile_load import KINDS, hostile_threads, normal_requests  # noqa: E402
 
 NORMAL = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 16,
                                                           "temperature": 0, "ignore_eos": True}}
@@ -137,11 +138,25 @@ def cpu_line(c: dict[str, float]) -> str:
 
 def window(url: str, meter: CpuMeter, seconds: float, scale: int, only: str | None
            ) -> tuple[dict[str, Any], dict[str, float], str]:
-    before = step_profile(url)
-    meter.start()
-    got = mixed_load(url, NORMAL, seconds, scale=scale, only=only)
-    cpu = meter.stop()
-    return got, cpu, steps_line(before, step_profile(url))
+    """``mixed_load``'s window, with the CPU and the engine's steps counted while the normal
+    requests run (not while the hostile clients' last requests drain afterwards)."""
+    stop = threading.Event()
+    tally: dict[str, Counter[Any]] = {}
+    threads = hostile_threads(url, stop, tally, scale, only)
+    time.sleep(1.0)  # the load builds up
+    try:
+        before = step_profile(url)
+        meter.start()
+        lat, status, _ = normal_requests(url, NORMAL, seconds)
+        cpu = meter.stop()
+        steps = steps_line(before, step_profile(url))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(180)
+    got = {"latency": lat, "status": status, "p50_load": statistics.median(lat),
+           "hostile": {k: dict(v) for k, v in tally.items()}}
+    return got, cpu, steps
 
 
 def report(label: str, alone_p50: float, got: dict[str, Any], cpu: dict[str, float],
