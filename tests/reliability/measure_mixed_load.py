@@ -173,7 +173,7 @@ def report(label: str, alone_p50: float, got: dict[str, Any], cpu: dict[str, flo
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="data/models/wb-target")
     ap.add_argument("--draft", default="data/models/wb-eagle3")
