@@ -141,3 +141,16 @@ def test_replay_prices_prefill_with_the_measured_line(recorded: RecordedRun) -> 
     extra = n * line["a"] + line["b"] * chunks
     assert r1.row["seconds"] - r0.row["seconds"] == pytest.approx(extra / 1e3, rel=1e-9)
     assert r1.steps == r0.steps
+
+
+def test_prefill_line_never_starts_below_zero() -> None:
+    """Excesses whose least-squares line would cost a small chunk less than nothing are fitted
+    through 0 instead: every chunk costs a positive time."""
+    xs = [x for x in _samples() if not (x.prefill_tokens and x.arm == "never")]
+    for i, (t, ms) in enumerate([(100, 0.5), (200, 4.0), (300, 7.5)]):  # line: -3 + 0.035 t
+        xs.append(StepSample("never", 1, 100 + i, 0, "prefill", t, 0.0, (), ms))
+    line = anchors_from(xs, {"S3K1N4": CHAIN})["prefill"]["plain"]
+    assert line["a"] == 0.0
+    t = [100, 200, 300]
+    assert line["b"] == pytest.approx((100 * 0.5 + 200 * 4.0 + 300 * 7.5) / sum(x * x for x in t))
+    assert anchored(COST, anchors_from(xs, {"S3K1N4": CHAIN})).prefill_ms(10) > 0
