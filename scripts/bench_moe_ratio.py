@@ -8,7 +8,7 @@ Usage (from the repository root; quiet machine for figures worth committing):
 
 Prints, per target, the fitted terms and the table (decode ms, verify ms, measured ratio,
 predicted ratio, error, pass/fail), with the machine and the load before and after; records the
-rows in ``data/results/<machine kind>.json`` under ``cost_ratio`` (``--out``). Exit status 1 when
+rows in ``data/results/wb-moe/<machine kind>.json`` under ``cost_ratio`` (``--out``). Exit status 1 when
 some ratio is off by more than the tolerance, 2 with ``--strict`` when the load exceeded the
 cores (the figures are then provisional). Method: ``workbench.bench.cost_ratio``.
 """
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--tolerance", type=float, default=TOLERANCE)
-    p.add_argument("--out", default=str(ROOT / "data/results"))
+    p.add_argument("--out", default="data/results/wb-moe",
+                   help="results folder (the MoE pair's; its model cards read it)")
     p.add_argument("--no-record", action="store_true", help="print only")
     p.add_argument("--strict", action="store_true")
     ns = p.parse_args(argv)

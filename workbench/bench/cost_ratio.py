@@ -10,7 +10,7 @@ time; alternating keeps a slow stretch from landing on one side). The measured r
 verify ÷ decode is compared with the model's ``target_ms(B·N, requests=B) / target_ms(B)``.
 
 ``python scripts/bench_moe_ratio.py`` prints the table (pass/fail per batch, the machine, the
-load before and after) and records it in ``data/results/<machine kind>.json`` under
+load before and after) and records it in ``data/results/wb-moe/<machine kind>.json`` under
 ``cost_ratio``.
 """
 
