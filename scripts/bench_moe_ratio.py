@@ -7,10 +7,10 @@ Usage (from the repository root; quiet machine for figures worth committing):
     python scripts/bench_moe_ratio.py --model data/models/wb-moe --repeats 9 --strict
 
 Prints, per target, the fitted terms and the table (decode ms, verify ms, measured ratio,
-predicted ratio, error, pass/fail), with the machine and the load before and after; records the
-rows in ``data/results/wb-moe/<machine kind>.json`` under ``cost_ratio`` (``--out``). Exit status 1 when
-some ratio is off by more than the tolerance, 2 with ``--strict`` when the load exceeded the
-cores (the figures are then provisional). Method: ``workbench.bench.cost_ratio``.
+predicted ratio, error, pass/fail), with the machine and the load before and after; records
+the rows in ``data/results/wb-moe/<machine kind>.json`` under ``cost_ratio`` (``--out``). Exit
+status 1 when some ratio is off by more than the tolerance, 2 with ``--strict`` when the load
+exceeded the cores (the figures are then provisional). Method: ``workbench.bench.cost_ratio``.
 """
 
 from __future__ import annotations

@@ -50,9 +50,11 @@ MOE_RESULTS = "data/results/wb-moe"
 MOE_MACHINE = ("trained on a 2-core AMD EPYC (family 26) under load 9.3–11.2 (other agents' jobs "
                "on the 2 cores): the time is provisional")
 MOE_SPEC = {
-    "spec_moe": "python -m workbench bench spec --quick --model data/models/wb-moe --draft "
+    "spec_moe": "python -m workbench bench spec --prompts 8 --max-new-tokens 64 --model "
+                "data/models/wb-moe --draft "
                 f"data/models/wb-moe-eagle3 --out {MOE_RESULTS}",
-    "spec_dense": "python -m workbench bench spec --quick --model data/models/wb-target --draft "
+    "spec_dense": "python -m workbench bench spec --prompts 8 --max-new-tokens 64 --model "
+                  "data/models/wb-target --draft "
                   f"data/models/wb-eagle3 --out {MOE_RESULTS}/dense",
 }
 COMMANDS["moe"] = {
@@ -60,8 +62,8 @@ COMMANDS["moe"] = {
              "upcycle(UpcycleConfig(source=\"data/models/wb-target\", "
              "out=\"data/models/wb-moe\", steps=100, batch=8, seq_len=64))'",
     "train_machine": MOE_MACHINE,
-    "peers": f"python -m workbench bench peers --quick --model data/models/wb-moe --draft "
-             f"data/models/wb-moe-eagle3 --out {MOE_RESULTS}",
+    "peers": "python -m workbench bench peers --quick --repeats 3 --model data/models/wb-moe "
+             f"--draft data/models/wb-moe-eagle3 --out {MOE_RESULTS}",
     "ratio": f"OMP_NUM_THREADS=1 python scripts/bench_moe_ratio.py --out {MOE_RESULTS}",
     **MOE_SPEC,
 }
@@ -70,8 +72,8 @@ COMMANDS["moe_draft"] = {
              "data/models/wb-moe-eagle3 --work data/work/moe-eagle3 --intermediate 704 "
              "--steps 700 --batch 4 --seq-len 256 --ttt-steps 7 --regen-sequences 384 "
              "--regen-mix 0.85 --regen-greedy-frac 0.9 --regen-batch 32 --threads 1",
-    "train_machine": "2-core AMD EPYC (family 26), shared with other agents' jobs (load 2–6): "
-                     "the time is provisional",
+    "train_machine": "2-core AMD EPYC (family 26), nice 10, shared with other agents' jobs "
+                     "(1-min load sampled at 2.0–5.8): the time is provisional",
     **MOE_SPEC,
 }
 
