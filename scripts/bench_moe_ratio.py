@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
           f"cores" + ("; load > cores: figures provisional" if flags else ""))
     if not ns.no_record:
         path = record(ns.out, "cost_ratio", df.drop(columns=["pass"]).to_dict("records"),
-                      report(flags, ld, info), "python scripts/bench_moe_ratio.py "
-                      + shlex.join(sys.argv[1:] if argv is None else argv),
+                      report(flags, ld, info), shlex.join(
+                          ["python", "scripts/bench_moe_ratio.py",
+                           *(sys.argv[1:] if argv is None else argv)]),
                       {"terms": terms, "tolerance": ns.tolerance})
         print(f"recorded: {path}")
     if not df["within"].all():
