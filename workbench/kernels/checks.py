@@ -183,6 +183,18 @@ def check_tree_values(parents: torch.Tensor) -> None:
             )
 
 
+def check_tree_rows(parents: list[list[int]]) -> None:
+    """:func:`check_tree_values` over parents already read to the host (``tolist()``): the
+    same rule and message, no tensor ops."""
+    _need(all(not row or row[0] == -1 for row in parents),
+          "parents[:, 0] must be -1 (node 0 is the root)")
+    for b, row in enumerate(parents):
+        for i in range(1, len(row)):
+            if not 0 <= row[i] < i:
+                raise ValueError(f"parents[{b}, {i}] = {row[i]} must lie in [0, {i}) "
+                                 "(every node's parent has a smaller index)")
+
+
 def check_greedy_accept_args(
     candidates: torch.Tensor, parents: torch.Tensor, target_predict: torch.Tensor
 ) -> tuple[int, int]:

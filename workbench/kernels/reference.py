@@ -21,6 +21,7 @@ from workbench.kernels.checks import (
     check_greedy_accept_args,
     check_tree_attention_args,
     check_tree_attention_values,
+    check_tree_rows,
     check_tree_sample_args,
     check_tree_sample_values,
     check_tree_values,
@@ -137,8 +138,8 @@ def greedy_accept_walk(
     few dozen, a hundred tiny tensor ops cost more than the walk itself). Same contract and
     results (tests/kernels checks them equal)."""
     batch, nodes = check_greedy_accept_args(candidates, parents, target_predict)
-    check_tree_values(parents)
     cand, par, pred = candidates.tolist(), parents.tolist(), target_predict.tolist()
+    check_tree_rows(par)
     accept_index = [[-1] * nodes for _ in range(batch)]
     accept_len, bonus = [0] * batch, [0] * batch
     for b in range(batch):
@@ -150,10 +151,11 @@ def greedy_accept_walk(
                 n += 1
                 idx[n] = cur = c
         accept_len[b], bonus[b] = n, tb[cur]
-    dev = candidates.device
-    return (torch.tensor(accept_index, dtype=torch.int64, device=dev).view(batch, nodes),
-            torch.tensor(accept_len, dtype=torch.int64, device=dev),
-            torch.tensor(bonus, dtype=torch.int64, device=dev))
+    # one host→device copy: [accept_index | accept_len | bonus] per row, returned as views
+    out = torch.tensor([idx + [n, t] for idx, n, t in zip(accept_index, accept_len, bonus,
+                                                          strict=True)],
+                       dtype=torch.int64, device=candidates.device).view(batch, nodes + 2)
+    return out[:, :nodes], out[:, nodes], out[:, nodes + 1]
 
 
 def _inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

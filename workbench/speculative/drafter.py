@@ -33,45 +33,94 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     b = logits0.shape[0]
     k = topk
     dev = logits0.device
+    c = _constants(b, k, num_steps, dev)
+    # draft id → target id as one table lookup per step (the same ids, one op instead of two)
+    to_target = draft.draft_to_target(c.vocab_ids(logits0.shape[-1]))
     inv_t = None if score_temperature is None else (1.0 / score_temperature.float()).view(b, 1)
     logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
-    f_ids, f_scores, f_lp = expand(torch.zeros(b, 1, device=dev), logp.unsqueeze(1), k)  # (B, K)
-    cand_ids, cand_scores, cand_lp = [f_ids], [f_scores], [f_lp]
-    cand_parents = [torch.full((b, k), -1, dtype=torch.int64, device=dev)]
-    f_cand = torch.arange(k, device=dev).expand(b, k)  # candidate index of each frontier node
+    f_ids, f_scores, f_lp = expand(c.zeros_b1, logp.unsqueeze(1), k)  # (B, K)
+    c_tok = to_target[f_ids]
+    cand_tok, cand_scores, cand_lp = [c_tok], [f_scores], [f_lp]
+    picks: list[torch.Tensor] = []  # per step, the frontier's candidate columns in that step
     if callable(on_step):
-        on_step(1, draft.draft_to_target(f_ids), f_lp.exp(), cand_parents[0])
-    hidden = hidden0.unsqueeze(1).expand(b, k, -1)
+        on_step(1, c_tok, f_lp.exp(), c.parents0)
+    f_tok = c_tok
+    hidden = hidden0.unsqueeze(1).expand(b, k, -1).reshape(b * k, -1)
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
-    eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
-    anc = eye
-    d = hidden0.shape[-1]
-    pos0 = (root_pos - 1).repeat_interleave(k)  # each frontier node's position is pos0 + step
-    n_cand = k
+    anc = c.eye
+    inv_t3 = None if inv_t is None else inv_t.unsqueeze(-1)
+    pos = (root_pos - 1).repeat_interleave(k)  # each frontier node's position is pos0 + step
     for step in range(1, num_steps):
         attn.set_frontier(anc)
-        logits, out = draft(draft.draft_to_target(f_ids).flatten(), hidden.reshape(b * k, -1),
-                            pos0 + step, attn)
-        if inv_t is not None:
-            logits = logits.view(b, k, -1) * inv_t.unsqueeze(-1)
-        lp = torch.log_softmax(logits, dim=-1).view(b, k, -1)
-        c_ids, c_scores, c_lp = expand(f_scores, lp, k)  # (B, K·K)
-        parents = f_cand.repeat_interleave(k, dim=1)
-        cand_ids.append(c_ids)
+        pos = pos + 1
+        logits, out = draft(f_tok.flatten(), hidden, pos, attn)
+        logits = logits.view(b, k, -1)
+        if inv_t3 is not None:
+            logits = logits * inv_t3
+        c_ids, c_scores, c_lp = expand(f_scores, torch.log_softmax(logits, dim=-1), k)
+        c_tok = to_target[c_ids]
+        cand_tok.append(c_tok)
         cand_scores.append(c_scores)
         cand_lp.append(c_lp)
-        cand_parents.append(parents)
         if callable(on_step):
-            on_step(step + 1, draft.draft_to_target(c_ids), c_lp.exp(), parents)
+            on_step(step + 1, c_tok, c_lp.exp(), _parents(c, picks, k)[:, -k * k:])
+        if step == num_steps - 1:
+            break  # the last step's children propose nothing: no frontier to pick
         pick = select_frontier(c_scores, k)  # (B, K)
-        par = pick // k  # which frontier node each new frontier node descends from
-        # row gathers (one op each; advanced indexing with a batch-row index costs ~3)
-        f_ids, f_scores = c_ids.gather(1, pick), c_scores.gather(1, pick)
-        f_cand = n_cand + pick
-        n_cand += k * k
-        hidden = out.view(b, k, d).gather(1, par.unsqueeze(-1).expand(b, k, d))
-        anc = torch.cat([anc.gather(1, par.unsqueeze(-1).expand(b, k, anc.shape[2])), eye], 2)
-    tokens = draft.draft_to_target(torch.cat(cand_ids, 1))
-    return build_tree(root_tokens, tokens, torch.cat(cand_parents, 1), torch.cat(cand_scores, 1),
-                      torch.cat(cand_lp, 1), num_draft_tokens, root_pos)
+        picks.append(pick)
+        # which frontier row (of the B·K the forward ran) each new frontier node descends from
+        rows = (pick // k).flatten() if b == 1 else (pick // k + c.row_base).flatten()
+        f_tok, f_scores = c_tok.gather(1, pick), c_scores.gather(1, pick)
+        hidden = out.index_select(0, rows)
+        anc = torch.cat([anc.flatten(0, 1).index_select(0, rows).view(b, k, -1), c.eye], 2)
+    parents = c.parents0 if num_steps == 1 else _parents(c, picks, k)
+    return build_tree(root_tokens, torch.cat(cand_tok, 1), parents,
+                      torch.cat(cand_scores, 1), torch.cat(cand_lp, 1), num_draft_tokens,
+                      root_pos)
+
+
+class _Consts:
+    """Per (B, K, S, device) tensors draft_tree reuses every step (never written to)."""
+
+    def __init__(self, b: int, k: int, num_steps: int, dev: torch.device) -> None:
+        self.dev = dev
+        self.zeros_b1 = torch.zeros(b, 1, device=dev)
+        self.parents0 = torch.full((b, k), -1, dtype=torch.int64, device=dev)
+        self.eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+        self.row_base = (torch.arange(b, device=dev) * k).view(b, 1)
+        # the candidate index of frontier node j at step s ≥ 1: k + (s−1)·k² + pick (step 0's
+        # frontier is candidates 0..K−1); as one row per step count, for all steps at once
+        self.first = torch.arange(k, device=dev).expand(b, k)
+        self.offsets = [torch.tensor([k + s * k * k for s in range(m) for _ in range(k)],
+                                     dtype=torch.int64, device=dev) for m in range(num_steps)]
+        self._vocab: torch.Tensor | None = None
+
+    def vocab_ids(self, v: int) -> torch.Tensor:
+        if self._vocab is None or self._vocab.shape[0] != v:
+            self._vocab = torch.arange(v, device=self.dev)
+        return self._vocab
+
+
+_CONSTS: dict[tuple[int, int, int, str], _Consts] = {}
+
+
+def _constants(b: int, k: int, num_steps: int, dev: torch.device) -> _Consts:
+    key = (b, k, num_steps, str(dev))
+    c = _CONSTS.get(key)
+    if c is None:
+        if len(_CONSTS) > 64:  # a few shapes in practice; never grows without bound
+            _CONSTS.clear()
+        c = _CONSTS[key] = _Consts(b, k, num_steps, dev)
+    return c
+
+
+def _parents(c: _Consts, picks: list[torch.Tensor], k: int) -> torch.Tensor:
+    """Every candidate's parent (candidate index; -1: the root) given the frontier picks of
+    steps 1..len(picks): step 0's K children of the root, then K children per frontier node
+    of each step (frontier f's children at columns [f·K, (f+1)·K) of its step)."""
+    if not picks:
+        front = c.first
+    else:
+        front = torch.cat([c.first, torch.cat(picks, 1) + c.offsets[len(picks)]], 1)
+    return torch.cat([c.parents0, front.repeat_interleave(k, dim=1)], 1)

@@ -42,24 +42,47 @@ def build_tree(root_tokens: torch.Tensor, cand_tokens: torch.Tensor, cand_parent
     b, c = cand_tokens.shape
     n = num_draft_tokens
     keep = min(n - 1, c)
+    dev = cand_tokens.device
+    k = _consts(b, c, keep, dev)
     order = torch.sort(cand_scores, dim=-1, descending=True, stable=True).indices[:, :keep]
     chosen = torch.sort(order, dim=-1).values  # creation order ⇒ parents first
-    # Map candidate index → tree node index (root is node 0); unselected stay -1.
-    dev = cand_tokens.device
-    where = torch.full((b, c), -1, dtype=torch.int64, device=dev)
-    where.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(b, keep))
-    par_cand = torch.gather(cand_parents, 1, chosen)
-    par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand),
-                           torch.gather(where, 1, par_cand.clamp(min=0)))
+    # Map candidate index + 1 → tree node index: column 0 stands for the root (a parent of
+    # -1, node 0), unselected candidates stay -1.
+    where = k.where0.clone().scatter_(1, chosen + 1, k.nodes)
+    par_node = torch.gather(where, 1, torch.gather(cand_parents, 1, chosen) + 1)
     if bool((par_node < 0).any()):
         raise AssertionError("draft tree: a selected node's parent was not selected")
     tokens = torch.cat([root_tokens.view(b, 1), torch.gather(cand_tokens, 1, chosen)], 1)
-    parents = torch.cat([torch.full((b, 1), -1, dtype=torch.int64, device=dev), par_node], 1)
-    scores = torch.cat([torch.zeros(b, 1, device=dev),
-                        torch.gather(cand_scores, 1, chosen).float()], 1)
-    probs = torch.cat([torch.ones(b, 1, device=dev),
-                       torch.gather(cand_logp, 1, chosen).float().exp()], 1)
+    parents = torch.cat([k.minus1, par_node], 1)
+    scores = torch.cat([k.zeros, torch.gather(cand_scores, 1, chosen).float()], 1)
+    probs = torch.cat([k.ones, torch.gather(cand_logp, 1, chosen).float().exp()], 1)
     return finish_tree(tokens, parents, scores, probs, prefix_lens)
+
+
+class _Consts:
+    """Per-shape constant tensors build_tree and finish_tree reuse (never written to)."""
+
+    def __init__(self, b: int, c: int, keep: int, dev: torch.device) -> None:
+        self.where0 = torch.full((b, c + 1), -1, dtype=torch.int64, device=dev)
+        self.where0[:, 0] = 0
+        self.nodes = torch.arange(1, keep + 1, device=dev).expand(b, keep)
+        self.minus1 = torch.full((b, 1), -1, dtype=torch.int64, device=dev)
+        self.zeros = torch.zeros(b, 1, device=dev)
+        self.ones = torch.ones(b, 1, device=dev)
+
+
+_CONSTS: dict[tuple[int, int, int, str, bool], _Consts] = {}
+
+
+def _consts(b: int, c: int, keep: int, dev: torch.device) -> _Consts:
+    # inference tensors (built under inference_mode) are kept apart from normal ones
+    key = (b, c, keep, str(dev), torch.is_inference_mode_enabled())
+    k = _CONSTS.get(key)
+    if k is None:
+        if len(_CONSTS) > 64:  # a few shapes in practice; never grows without bound
+            _CONSTS.clear()
+        k = _CONSTS[key] = _Consts(b, c, keep, dev)
+    return k
 
 
 def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
@@ -75,8 +98,7 @@ def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tenso
     b, n = tokens.shape
     dev = tokens.device
     jump = parents.clamp(min=0)
-    anc = torch.zeros(b, n, n, dtype=torch.bool, device=dev).scatter_(2, jump.unsqueeze(-1), True)
-    anc |= torch.eye(n, dtype=torch.bool, device=dev)
+    anc = _eye(n, dev).expand(b, n, n).clone().scatter_(2, jump.unsqueeze(-1), True)
     reach = 1  # path length anc covers
     while reach < n - 1:
         jump = torch.gather(jump, 1, jump)
@@ -86,3 +108,17 @@ def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tenso
     return DraftTree(tokens=tokens, parents=parents, depth=depth,
                      positions=prefix_lens.view(b, 1).to(dev) + depth, mask=anc, scores=scores,
                      draft_probs=probs)
+
+
+_EYES: dict[tuple[int, str, bool], torch.Tensor] = {}
+
+
+def _eye(n: int, dev: torch.device) -> torch.Tensor:
+    """(n, n) bool identity, built once per (n, device) (callers copy before writing)."""
+    key = (n, str(dev), torch.is_inference_mode_enabled())
+    e = _EYES.get(key)
+    if e is None:
+        if len(_EYES) > 64:
+            _EYES.clear()
+        e = _EYES[key] = torch.eye(n, dtype=torch.bool, device=dev)
+    return e
