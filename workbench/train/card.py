@@ -71,7 +71,7 @@ rendered as Python: each system/user message becomes a comment (`# user: ...`, e
 commented), each assistant turn is `# assistant:` on its own line followed by its content, and the
 generation prompt is that same `# assistant:` line, so a reply is the model continuing with code
 (it was not trained to chat: expect Python, not answers). For example
-`[{{"role": "user", "content": "sort a list"}}]` renders as `# user: sort a list\n# assistant:\n`.
+`[{{"role": "user", "content": "sort a list"}}]` renders as `# user: sort a list\\n# assistant:\\n`.
 The template is `workbench.train.target.CHAT_TEMPLATE`; `train-target` writes it.
 
 ## Held-out files
