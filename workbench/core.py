@@ -191,6 +191,9 @@ class Request:
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[TopLogprobs | None] = field(default_factory=list)
+    # backpressure (workbench.serve.loop): its client is not reading its stream; the scheduler
+    # leaves it out of decode batches and batch slots (KV and place kept) until cleared
+    held: bool = False
 
     def __post_init__(self) -> None:
         if not self.tokens:

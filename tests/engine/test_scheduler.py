@@ -10,7 +10,8 @@ import torch
 from workbench.config import SamplingParams
 from workbench.core import Request, Status
 from workbench.engine.kv_cache import KVPool
-from workbench.engine.scheduler import Scheduler
+from workbench.engine.scheduler import DecodePlan, Scheduler
+from workbench.policy.policies import Decision
 
 PAGE = 4
 
@@ -225,3 +226,34 @@ def test_random_workload_never_leaks_blocks() -> None:
     for r in list(s.running) + list(s.waiting):
         s.finish(r)
     assert s.pool.used_blocks == 0 and not s.has_work()
+
+
+def test_a_held_request_leaves_decode_batches_and_batch_slots_but_keeps_its_kv() -> None:
+    """Backpressure (Request.held): a held request is skipped when the decode batch is planned
+    and takes no batch slot (a waiting request is admitted beside it), keeps its KV, its
+    place and its tokens, and decodes again once released; the decode batch never exceeds
+    max_batch_size (a released request beyond it waits a step)."""
+    s = make(blocks=32, batch=2)
+    a, b, c = req(0, 4), req(1, 4), req(2, 4)
+    for r in (a, b, c):
+        s.add(r)
+    run_prefill(s)
+    assert s.schedule().decode == [a, b] and list(s.waiting) == [c]
+    a.held = True
+    blocks, kv, tokens = list(a.blocks), a.kv_len, list(a.tokens)
+    sched = s.schedule()  # c is admitted in a's slot and prefills; a is not stepped
+    assert s.running == [a, b, c] and s.num_active() == 2
+    assert [r.rid for r, _, _ in sched.prefill] == [2] and sched.decode == [b]
+    run_prefill(s)
+    plan = s.plan_step(lambda reqs: DecodePlan(Decision(False), [], 0))
+    assert plan.decode == [b, c] and a.blocks == blocks and a.kv_len == kv and a.tokens == tokens
+    assert a.status is Status.RUNNING and s.running[0] is a
+    a.held = False
+    assert s.schedule().decode == [a, b]  # running order, capped at max_batch_size
+    b.held = c.held = True
+    assert s.schedule().decode == [a]
+    a.held = True
+    assert s.schedule().decode == [] and s.has_work()  # every request held: nothing to step
+    for r in (a, b, c):
+        s.finish(r)
+    assert sorted(s.pool.free) == list(range(32))

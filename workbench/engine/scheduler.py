@@ -7,6 +7,11 @@ waits on memory; decode growth that does not fit preempts the most recently admi
 :meth:`Scheduler.plan_step` owns the whole batch of a step: admission, prefill chunks, the
 policy decision (a callback) and every KV reservation and preemption, all before any forward;
 it returns a :class:`ScheduledBatch` the engine then runs without touching the pool's budget.
+
+Held requests (``Request.held``: a serving loop's backpressure, its client is not reading) keep
+their KV and their place but leave every decode batch and take no batch slot: admission counts
+only the requests that are not held, and the decode batch is the first ``max_batch_size`` that
+are not (a request released while the batch is full waits a step; its output never changes).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ class Scheduler:
 
     def schedule(self) -> Schedule:
         # 1. Admit in arrival order while the batch and the pool allow.
-        while self.waiting and len(self.running) < self.max_batch:
+        while self.waiting and self.num_active() < self.max_batch:
             req = self.waiting[0]
             if not self.pool.can_fit(req.blocks, req.prefill_target + 1):
                 break
@@ -86,8 +91,12 @@ class Scheduler:
                 end = min(req.prefill_target, req.kv_len + budget)
                 prefill.append((req, req.kv_len, end))
                 budget -= end - req.kv_len
-        decode = [r for r in self.running if not r.in_prefill]
+        decode = [r for r in self.running if not r.in_prefill and not r.held][:self.max_batch]
         return Schedule(prefill, decode)
+
+    def num_active(self) -> int:
+        """Running requests that are not held (the ones that take batch slots)."""
+        return sum(not r.held for r in self.running)
 
     def plan_step(self, plan: Callable[[list[Request]], DecodePlan]) -> ScheduledBatch:
         """Admit, chunk prefills, ask ``plan`` about the decode batch, then reserve: the

@@ -47,17 +47,29 @@ def error_id() -> str:
 
 
 class AsyncSink:
-    """Receives the loop thread's messages on this event loop's queue."""
+    """Receives the loop thread's messages on this event loop's queue. :meth:`unread` (read by
+    the loop thread's backpressure): messages sent and not taken from the queue yet."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self._sent = 0  # written by the loop thread only
+        self._arrived = 0  # written by the event loop only
 
     def put(self, item: object) -> None:
+        self._sent += 1  # before it can arrive
         try:
-            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._arrive, item)
         except RuntimeError:
             pass  # the event loop is closed: the server stopped and nobody is listening
+
+    def _arrive(self, item: object) -> None:
+        self.queue.put_nowait(item)
+        self._arrived += 1
+
+    def unread(self) -> int:
+        # sent but not arrived yet (the event loop is behind) + arrived and not taken
+        return self._sent - self._arrived + self.queue.qsize()
 
 
 class ServeState:

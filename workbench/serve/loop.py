@@ -13,20 +13,19 @@ state happen on this thread. Front ends talk to it through a FIFO of commands:
   server info, KV usage).
 
 Commands are FIFO, so an abort always sees its own submit first. One loop iteration: drain the
-commands (block briefly when the engine is idle), then one ``engine.step()``.
+commands (block briefly when nothing can step), then one ``engine.step()``.
 
-Faults. A request's own numeric failure (non-finite logits, no valid sampling distribution) is
-request-scoped: the engine fails that request alone and the step goes on. A request the engine
-cannot admit for any reason is rejected alone. If ``engine.step()`` raises (a fault that is not
-request-scoped), the loop records the error, finishes every live request with
-``finish_reason="error"``, refuses new work (``error`` is set, the server's /health turns 503),
-calls ``on_fatal(error)`` (``workbench serve`` then exits non-zero so a supervisor restarts it)
-and re-raises on its thread: a broken engine never keeps serving.
+Faults. A request's own numeric failure (non-finite logits, no valid sampling distribution), or
+one the engine cannot admit, is that request's alone. If ``engine.step()`` raises, the loop
+records the error, finishes every live request with ``finish_reason="error"``, refuses new work
+(``error`` is set, /health turns 503), calls ``on_fatal(error)`` (``workbench serve`` then exits
+non-zero) and re-raises on its thread: a broken engine never keeps serving.
 
 Liveness: :meth:`EngineLoop.heartbeat` says how long ago the loop last came round and how long
 the current step or command has run; the server's /health turns red when that exceeds a bound.
 Backpressure: with ``max_pending`` set, :meth:`EngineLoop.submit` raises :class:`QueueFull`
-once that many requests are submitted and not finished (the server answers 503 + Retry-After).
+once that many requests are outstanding (503 + Retry-After); a stream whose client does not
+read is held (no engine steps) while its backlog is high (:mod:`workbench.serve.backpressure`).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from workbench.config import SamplingParams
 from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.stops import hold_back, text_stops
+from workbench.serve.backpressure import Backpressure
 from workbench.serve.sglang_metrics import ServeMetrics
 from workbench.serve.step_profile import StepProfile
 
@@ -56,7 +56,8 @@ T = TypeVar("T")
 
 
 class Sink(Protocol):
-    """Where the loop sends a request's messages; ``put`` must be thread-safe and never block."""
+    """Where the loop sends a request's messages; ``put`` must be thread-safe and never block.
+    A sink may offer ``unread() -> int`` (messages not taken yet): backpressure reads it."""
 
     def put(self, item: object) -> None: ...
 
@@ -122,13 +123,9 @@ class EngineLoop:
     batched ``/generate``) counts against the ``"fanout"`` share, which may hold at most
     ``FANOUT_SHARE`` of ``max_pending``; single requests may use every slot, so a flood of
     ``n=16`` requests can fill at most that share and never starves single requests of
-    slots. With ``max_running`` set, the loop hands the engine at most that many requests at
-    once and keeps the rest itself, one queue per share, admitted in turn (a single request
-    waits for at most one choice of a flood, not for the whole flood); while single requests
-    are about, choices of several-choice requests never outnumber them in the running batch,
-    otherwise they fill at most ``FANOUT_SHARE`` of it, growing only once no single request
-    has been about for ``FANOUT_RAMP_S`` (:meth:`_fanout_room`;
-    docs/SERVING.md)."""
+    slots. With ``max_running`` set, the loop hands the engine at most that many requests
+    (held streams not counted) and keeps the rest itself, one queue per share, admitted in
+    turn (:meth:`_admit_waiting`, :meth:`_fanout_room`; docs/SERVING.md)."""
 
     FANOUT_SHARE = 0.5
     FANOUT_RAMP_S = 0.1
@@ -163,6 +160,7 @@ class EngineLoop:
         self.finished_total: dict[str, int] = {}
         self.metrics = ServeMetrics()  # latency histograms, gen_throughput (loop thread only)
         self.profile = StepProfile()  # step time by batch kind (loop thread only)
+        self.backpressure = Backpressure()  # held streams (loop thread only)
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._live: dict[int, Ticket] = {}
         self._lock = threading.Lock()  # guards _closed against a racing submit
@@ -282,16 +280,16 @@ class EngineLoop:
     # -- loop thread -----------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._drain(block=not self.engine.has_unfinished()):
+            while self._drain(block=not self._runnable()):
                 if self.max_running is not None:
                     self._admit_waiting()  # slots freed by the last step
                 self._beat = time.monotonic()
-                if self.engine.has_unfinished():
+                if self._runnable():
                     self._busy_since = self._beat
                     t0, before = time.perf_counter(), self.engine.stats.generated_tokens
                     sched = self.engine.scheduler
-                    self.profile.before([] if sched is None else
-                                        [*sched.running, *sched.waiting])
+                    self.profile.before([] if sched is None else [
+                        r for r in [*sched.running, *sched.waiting] if not r.held])
                     self._step()
                     self.profile.after(self.engine.stats.generated_tokens - before)
                     self.metrics.on_step(t0, time.perf_counter(), before,
@@ -309,6 +307,12 @@ class EngineLoop:
                 self.on_fatal(self.error)
             raise
         self._close(None)
+
+    def _runnable(self) -> bool:
+        """Hold/release streams by backlog; True if a step has work that is not held."""
+        self.backpressure.update(self._live, self.engine.requests)
+        sched = self.engine.scheduler
+        return sched is not None and bool(sched.waiting or sched.num_active())
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False once asked to stop."""
@@ -379,7 +383,8 @@ class EngineLoop:
         less than ``FANOUT_SHARE`` of the batch or no single request waits."""
         singles, fanout = self._waiting["single"], self._waiting["fanout"]
         assert self.max_running is not None
-        while (singles or fanout) and len(self._live) < self.max_running:
+        held = self.backpressure.held  # take no slot
+        while (singles or fanout) and len(self._live) - len(held) < self.max_running:
             fan_ok = bool(fanout) and self._fanout_room()
             if singles and (self._single_next or not fan_ok):
                 t = singles.popleft()
@@ -400,8 +405,9 @@ class EngineLoop:
         after the last single request left: the gap between a client's back-to-back requests
         does not let a flood grow into the batch that client's next request will share."""
         assert self.max_running is not None
-        running = sum(t.share == "fanout" for t in self._live.values())
-        singles = len(self._live) - running + len(self._waiting["single"])
+        held = self.backpressure.held  # count in neither share
+        running = sum(t.share == "fanout" and r not in held for r, t in self._live.items())
+        singles = len(self._live) - len(held) - running + len(self._waiting["single"])
         now = time.monotonic()
         if singles:
             self._single_seen = now
@@ -445,6 +451,7 @@ class EngineLoop:
 
     def _finish(self, rid: int, error: str | None) -> None:
         t = self._live.pop(rid)
+        self.backpressure.forget(rid)
         if t.share == "single":
             self._single_seen = time.monotonic()
         out = self.engine.output(rid)
@@ -461,8 +468,7 @@ class EngineLoop:
                          error or out.error, out, out.matched_stop))
 
     def _num_draft_tokens(self) -> int:
-        spec = self.engine.spec
-        return 0 if spec is None else int(spec.num_draft_tokens)
+        return 0 if self.engine.spec is None else int(self.engine.spec.num_draft_tokens)
 
     def _close(self, error: str | None) -> None:
         """Refuse new work; finish live requests (aborted, or failed with ``error``)."""

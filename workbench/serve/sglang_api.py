@@ -97,7 +97,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
     @app.get("/get_server_info")
     async def info() -> Any:
         return await st.call(lambda e: {**server_info(e, name),
-                                        "step_profile": loop.profile.snapshot()})
+                                        "step_profile": loop.profile.snapshot(),
+                                        "backpressure": loop.backpressure.snapshot()})
 
     @app.get("/metrics")
     async def metrics() -> Any:
