@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 
 class TreeDraftAttention:
@@ -22,10 +23,11 @@ class TreeDraftAttention:
                  prefix_slots: list[torch.Tensor], max_tree: int) -> None:
         """``max_tree``: tree entries the draft phase adds, (S−1)·K."""
         b = len(prefix_slots)
-        lk = max(int(s.numel()) for s in prefix_slots)
+        lens = [int(s.numel()) for s in prefix_slots]
+        lk = max(lens)
         dev = k_pool.device  # prefix slots arrive on the host (KVPool.slots)
-        idx = prefix_slots[0] if b == 1 else torch.stack(
-            [F.pad(s, (0, lk - int(s.numel()))) for s in prefix_slots]).flatten()
+        # shorter prefixes padded with slot 0 (masked out below)
+        idx = prefix_slots[0] if b == 1 else pad_sequence(prefix_slots, batch_first=True).flatten()
         idx = idx.to(dev)
         # the prefix is gathered straight into the buffer (one copy, not gather + cat)
         self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
@@ -36,9 +38,9 @@ class TreeDraftAttention:
         else:
             self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
             self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
-        self.pre_valid = torch.zeros(b, lk, dtype=torch.bool, device=dev)
-        for i, s in enumerate(prefix_slots):
-            self.pre_valid[i, : int(s.numel())] = True
+        # which prefix rows are real (the rest pad shorter prefixes): built in one or two ops
+        self.pre_valid = torch.ones(b, lk, dtype=torch.bool, device=dev) if min(lens) == lk \
+            else torch.arange(lk, device=dev) < torch.tensor(lens, device=dev).view(b, 1)
         self.lp, self.n_tree, self.cap = lk, 0, max_tree
         self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at the first run
         self.b, self.h = b, num_heads

@@ -118,10 +118,12 @@ class EagleWorker:
         if not todo:
             return []
         faults.check("step:extend")
-        logits, out, ends, q_lens = self.runner.draft_extend(todo)
+        logits, out, _, q_lens = self.runner.draft_extend(todo)
+        end = -1
         for i, r in enumerate(todo):
+            end += q_lens[i]  # the request's last row (host ints: a view, no index op)
             r.draft.logits = logits[i]
-            r.draft.hidden = out[ends[i]]
+            r.draft.hidden = out[end]
             r.draft.consumed(r.kv_len)
         if self.trace.enabled:  # after the state it describes (tracer.py: hook policy)
             self.trace.emit(ev.DraftExtended(
@@ -292,8 +294,8 @@ class EagleWorker:
         dev = runner.device
         on_step = self._trace_draft_step(reqs) if self.trace.enabled else None
         return draft_tree(
-            runner.draft, torch.stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
-            torch.stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
+            runner.draft, _stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
+            _stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
             torch.tensor([r.tokens[-1] for r in reqs], device=dev),
             torch.tensor([r.kv_len for r in reqs], device=dev),
             [runner.draft_slots(r, r.draft.len) for r in reqs], pool.dk, pool.dv, d.num_steps,
@@ -307,36 +309,39 @@ class EagleWorker:
         pool, out = self.runner.pool, self.out
         assert pool is not None
         n = tree.num_nodes
-        src, dst = [], []
-        ok: list[tuple[int, Request, int, torch.Tensor]] = []
+        # one device read each for the batch; the per-request work below is on host lists
+        acc_rows = res.accept_index.tolist()
+        src: list[int] = []
+        dst: list[int] = []
+        ok: list[tuple[int, Request, int, list[int]]] = []
         for i, r in enumerate(reqs):
             if out.bad_logits(r, logits[i], outputs):
                 continue
             m = accepted[i]
-            path = res.accept_index[i, : m + 1]
-            slots = pool.slots(r.blocks, r.kv_len, r.kv_len + n)
-            rows = path.to(slots.device)
-            ident = torch.arange(m + 1, device=slots.device)
-            moved = rows != ident
-            if bool(moved.any()):
-                src.append(slots[rows[moved]])
-                dst.append(slots[ident[moved]])
+            path = acc_rows[i][: m + 1]
+            moved = [j for j in range(1, m + 1) if path[j] != j]  # node 0 (the root) stays
+            if moved:
+                slots = pool.slots(r.blocks, r.kv_len, r.kv_len + n).tolist()
+                src.extend(slots[path[j]] for j in moved)
+                dst.extend(slots[j] for j in moved)
             ok.append((i, r, m, path))
         if src:
-            pool.compact(torch.cat(src), torch.cat(dst))
+            pool.compact(torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64))
         keep: list[Request] = []
         bonus = res.bonus.tolist()
+        tokens = tree.tokens.tolist()
         for i, r, m, path in ok:
-            new = tree.tokens[i, path[1:]].tolist() + [bonus[i]]
+            new = [tokens[i][p] for p in path[1:]] + [bonus[i]]
             if self.trace.enabled:
                 self._trace_verify(r, tree, i, res, logits[i], new)
             cut = out.cut(r, new)  # a stop or max_new_tokens may end the block early
             self._record_accept(r, min(m, cut.keep), cut.keep, n - 1)
             r.kv_len += m + 1
-            r.draft.keep_feats(aux[i, path])
+            rows = res.accept_index[i, : m + 1]
+            r.draft.keep_feats(aux[i, rows])
             out.append_tokens(r, new, [True] * m + [False], outputs, cut)
             if r.logprobs is not None:  # the verify logits along the accepted path
-                out.add_output_logprobs(r, logits[i, path])
+                out.add_output_logprobs(r, logits[i, rows])
             if not r.finished:
                 pool.trim(r.blocks, r.kv_len + 1)
                 keep.append(r)
@@ -422,6 +427,11 @@ class EagleWorker:
         now = time.perf_counter()
         self.trace.emit(ev.TreeBuilt.of(self.step_id, r.rid, tree, i, now))
         self.trace.emit(ev.Verified.of(self.step_id, r.rid, tree, i, res, logits, new, now))
+
+
+def _stack(xs: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack, a view for one row (bs=1)."""
+    return xs[0].unsqueeze(0) if len(xs) == 1 else torch.stack(xs)
 
 
 def _ms(t0: float) -> float:
