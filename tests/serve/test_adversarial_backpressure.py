@@ -1,11 +1,12 @@
 """Adversarial catalogue, backpressure (workbench/serve/backpressure.py): a stream whose client
 does not read stops costing engine steps. Once more than ``Backpressure.HOLD_AT`` of its chunks
-are unread, the request is held — left out of decode batches, its KV and place kept — and it
-runs again once its client reads; its answer is exactly the engine's greedy output. A normal
-request beside two held streams runs in batches of one (issue 25: in the mixed hostile load
-each step also carried the two never-reading clients' logprob-heavy streams).
+are unread (the writer is blocked), or more than ``HOLD_BYTES`` bytes its client has not read
+(the kernel's buffers still take them: the hostile load's smaller streams), the request is
+held — left out of decode batches, its KV and place kept — and it runs again once its client
+reads; its answer is exactly the engine's greedy output. A normal request beside two held
+streams runs in batches of one (issue 25: in the mixed hostile load each step also carried the
+two never-reading clients' logprob-heavy streams).
 """
-
 from __future__ import annotations
 
 import json
@@ -43,11 +44,11 @@ def wait_for(cond: Callable[[], bool], timeout: float) -> bool:
     return False
 
 
-def non_reader(adv: ServerHandle) -> socket.socket:
-    """A stream of growing chunks (every chunk repeats 200 alternatives for every position)
-    on a socket with a 4 KB receive buffer that is not read."""
+def non_reader(adv: ServerHandle, top: int = 200, start: int | None = 0) -> socket.socket:
+    """A stream of growing chunks (every chunk repeats ``top`` alternatives for every position
+    from ``start``) on a socket with a 4 KB receive buffer that is not read."""
     body = json.dumps({"input_ids": PROMPT, "stream": True, "return_logprob": True,
-                       "top_logprobs_num": 200, "logprob_start_len": 0,
+                       "top_logprobs_num": top, "logprob_start_len": start,
                        "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0,
                                            "ignore_eos": True}}).encode()
     host, port = adv.url.removeprefix("http://").rsplit(":", 1)
@@ -86,9 +87,12 @@ def dechunk(raw: bytes) -> bytes:
         body = body[size + 2:]
 
 
+@pytest.mark.parametrize(("top", "start"), [(200, 0), (20, None)],
+                         ids=["writer blocked", "kernel buffers"])
 def test_a_stream_not_read_is_held_then_resumes_with_the_same_output(
-        adv: ServerHandle, solo: Callable[[list[int], int], wb.RequestOutput]) -> None:
-    s = non_reader(adv)
+        adv: ServerHandle, solo: Callable[[list[int], int], wb.RequestOutput], top: int,
+        start: int | None) -> None:
+    s = non_reader(adv, top, start)
     try:
         assert wait_for(lambda: bool(adv.loop.backpressure.held), 60), "never held"
         before = held_tokens(adv)
@@ -111,7 +115,7 @@ def test_a_stream_not_read_is_held_then_resumes_with_the_same_output(
 
 
 def test_a_normal_request_beside_two_held_streams_runs_alone(adv: ServerHandle) -> None:
-    socks = [non_reader(adv), non_reader(adv)]
+    socks = [non_reader(adv, 20, None), non_reader(adv, 20, None)]  # the hostile load's kind
     try:
         assert wait_for(lambda: len(adv.loop.backpressure.held) == 2, 60), "not both held"
         info0 = httpx.get(adv.url + "/server_info", timeout=30).json()

@@ -3,11 +3,14 @@
 A streaming request's chunks wait in its sink until the HTTP writer takes them; the writer
 stops taking them once the connection's buffers are full (the client is not reading). Each
 time the engine loop comes round it asks every live stream's sink how many chunks are unread
-(``Sink.unread()``, where a sink offers it): above ``hold_at`` the request is *held* —
+(``Sink.unread()``, where a sink offers it) and how many bytes its client has not read
+(``Sink.unread_bytes()``: uvicorn's buffer + the kernel's send queue; the kernel's buffers take
+a whole small stream, so the writer alone never notices): above ``hold_at`` chunks or
+``HOLD_BYTES`` bytes the request is *held* —
 ``Request.held``: the scheduler leaves it out of decode batches and it takes no batch slot or
 fan-out share, keeping its KV and its place, so its output is unchanged — and it is released
-once its backlog is down to ``resume_at``. A client that never reads is still ended by the
-server's write timeout (its request is then aborted and its KV freed).
+once both are down to ``resume_at`` / ``RESUME_BYTES``. A client that never reads is still
+ended by the server's write timeout (its request is then aborted and its KV freed).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ class Backpressure:
 
     HOLD_AT = 16  # unread chunks above which a stream is held
     RESUME_AT = 4  # unread chunks at or below which a held stream runs again
+    HOLD_BYTES = 64 << 10  # bytes the client has not read above which a stream is held
+    RESUME_BYTES = 16 << 10
 
     def __init__(self, hold_at: int = HOLD_AT, resume_at: int = RESUME_AT) -> None:
         if not isinstance(hold_at, int) or hold_at < 1:
@@ -39,11 +44,11 @@ class Backpressure:
             req = requests.get(rid)
             if unread is None or req is None:
                 continue
-            n = unread()
-            if rid in self.held and n <= self.resume_at:
+            n, b = unread(), t.sink.unread_bytes()
+            if rid in self.held and n <= self.resume_at and b <= self.RESUME_BYTES:
                 self.held.discard(rid)
                 req.held = False
-            elif rid not in self.held and n > self.hold_at:
+            elif rid not in self.held and (n > self.hold_at or b > self.HOLD_BYTES):
                 self.held.add(rid)
                 req.held = True
                 self.holds_total += 1

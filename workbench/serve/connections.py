@@ -18,13 +18,20 @@ hold, whatever its client does or does not do.
   discards what the client still sends (at most ``LINGER_BYTES``, until the read deadline)
   instead of closing at once, which would reset the connection before the client read the
   answer.
+- What the client has not read (:meth:`unread_bytes`): the answer's bytes still in uvicorn's
+  buffer and in the kernel's send queue (sent, not acknowledged), for backpressure; a request
+  handler finds its connection in :data:`CONNECTION`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import fcntl
 import json
 import logging
 import socket
+import struct
+import termios
 import time
 from typing import Any
 
@@ -33,6 +40,9 @@ from workbench.serve.web import H11Protocol, h11
 log = logging.getLogger(__name__)
 
 LINGER_BYTES = 64 << 20  # discarded after a refusal before the connection is dropped anyway
+# the connection whose bytes started the current request (set before uvicorn starts its task)
+CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("workbench_connection",
+                                                                 default=None)
 
 
 class GuardedTransport:
@@ -113,8 +123,21 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
                 self._timer.cancel()
                 self._timer = None
 
+        def unread_bytes(self) -> int:
+            """Bytes of answers the client has not read: uvicorn's buffer + the kernel's
+            send queue (any thread may ask; 0 once closed)."""
+            sock = self._raw.get_extra_info("socket")
+            if sock is None or self._raw.is_closing() or sock.fileno() < 0:
+                return 0
+            try:
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)
+            except OSError:  # closed meanwhile: nothing more will be read
+                return 0
+            return int(self._raw.get_write_buffer_size()) + struct.unpack("i", queued)[0]
+
         def data_received(self, data: bytes) -> None:
             self._last_active = time.monotonic()
+            CONNECTION.set(self)  # the request task uvicorn starts below copies this context
             if self.lingering:
                 self._lingered += len(data)
                 if self._lingered > LINGER_BYTES:

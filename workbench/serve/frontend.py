@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect
 
 from workbench.errors import RequestError
+from workbench.serve.connections import CONNECTION
 from workbench.serve.limits import ServeLimits, logprob_entries
 from workbench.serve.loop import (
     Admitted,
@@ -47,11 +48,13 @@ def error_id() -> str:
 
 
 class AsyncSink:
-    """Receives the loop thread's messages on this event loop's queue. :meth:`unread` (read by
-    the loop thread's backpressure): messages sent and not taken from the queue yet."""
+    """Receives the loop thread's messages on this event loop's queue. For the loop thread's
+    backpressure: :meth:`unread`, messages sent and not taken from the queue yet, and
+    :meth:`unread_bytes`, bytes the request's client has not read (0 without a connection)."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._conn = CONNECTION.get()  # the request's connection (connections.py)
         self.queue: asyncio.Queue[object] = asyncio.Queue()
         self._sent = 0  # written by the loop thread only
         self._arrived = 0  # written by the event loop only
@@ -66,6 +69,9 @@ class AsyncSink:
     def _arrive(self, item: object) -> None:
         self.queue.put_nowait(item)
         self._arrived += 1
+
+    def unread_bytes(self) -> int:
+        return 0 if self._conn is None else int(self._conn.unread_bytes())
 
     def unread(self) -> int:
         # sent but not arrived yet (the event loop is behind) + arrived and not taken
