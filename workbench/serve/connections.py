@@ -209,16 +209,17 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
 
         # -- writing ---------------------------------------------------------------------------
         def watch_write(self) -> None:
-            """Armed by every write while bytes stay unsent: no progress for ``write_s`` →
-            the connection is dropped with what it holds."""
-            if self._write_timer is None and self._raw.get_write_buffer_size() > 0:
-                self._unsent = self._raw.get_write_buffer_size()
+            """Armed by every write while bytes stay unread (:meth:`unread_bytes`: a held
+            stream writes nothing more while its bytes wait in the kernel): no progress for
+            ``write_s`` → the connection is dropped with what it holds."""
+            if self._write_timer is None and self.unread_bytes() > 0:
+                self._unsent = self.unread_bytes()
                 self._progress_at = time.monotonic()
                 self._write_timer = self.loop.call_later(min(1.0, write_s / 4), self._check_write)
 
         def _check_write(self) -> None:
             self._write_timer = None
-            unsent = self._raw.get_write_buffer_size()
+            unsent = self.unread_bytes()
             if unsent == 0:
                 return
             now = time.monotonic()
