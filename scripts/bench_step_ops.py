@@ -17,6 +17,11 @@ Compare two builds by running this script with each on PYTHONPATH, alternating, 
     done; done
 
 Each line prints the tag, the load average and, per case, the median over its steps.
+
+``--micro``: instead, the CPU µs of one ``draft_tree`` (build_tree included; S5K4N16, a 300-row
+prefix, score temperature 0.4) with the draft forward stubbed out (fixed logits), and of one CPU
+``kernels.greedy_accept`` on its tree: the tree's and the accept's own bookkeeping, far less
+noisy than a whole step.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -129,20 +135,72 @@ def prompts(engine: wb.Engine, n: int) -> list[list[int]]:
     return [toks[200 * i : 200 * i + 120] for i in range(n)]
 
 
+class _StubDraft:
+    """A draft whose forward returns fixed logits and its input rows (no model work)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.config = SimpleNamespace(num_attention_heads=4)
+        self.d2t = torch.zeros(vocab, dtype=torch.int64)
+        self.logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0))
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def __call__(self, tok: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+                 attn: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.logits[: tok.shape[0]], hidden
+
+
+@torch.inference_mode()
+def micro(tag: str) -> None:
+    from workbench import kernels
+    from workbench.speculative.drafter import draft_tree
+
+    g = torch.Generator().manual_seed(1)
+    vocab, d, draft = 2048, 256, _StubDraft(2048)
+    kp, vp = torch.randn(1, 4096, 2, 64, generator=g), torch.randn(1, 4096, 2, 64, generator=g)
+    line = [f"{tag} load {_load()} micro"]
+    for b in (1, 4):
+        args = (draft, torch.randn(b, vocab, generator=g), torch.randn(b, d, generator=g),
+                torch.zeros(b, dtype=torch.int64), torch.full((b,), 300),
+                [torch.arange(300 + 10 * i) for i in range(b)], kp, vp, 5, 4, 16)
+        temp = torch.full((b,), 0.4)
+        for _ in range(50):
+            tree = draft_tree(*args, score_temperature=temp)  # type: ignore[arg-type]
+        t0 = time.process_time()
+        for _ in range(400):
+            tree = draft_tree(*args, score_temperature=temp)  # type: ignore[arg-type]
+        tree_us = (time.process_time() - t0) / 400 * 1e6
+        pred = torch.randint(0, 5, (b, 16), generator=g)
+        t0 = time.process_time()
+        for _ in range(2000):
+            kernels.greedy_accept(tree.tokens, tree.parents, pred)
+        acc_us = (time.process_time() - t0) / 2000 * 1e6
+        line.append(f"bs{b}: draft_tree {tree_us:.0f} us, greedy_accept {acc_us:.1f} us")
+    print(" | ".join(line), flush=True)
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tag", default="")
+    ap.add_argument("--micro", action="store_true", help="the stubbed draft_tree / accept only")
     ap.add_argument("--shapes", default="S5K4N16,chain5,S6K8N32")
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.micro:
+        micro(args.tag)
+        return
     e = wb.Engine.from_pretrained(TARGET, draft=DRAFT)
     sp = wb.SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
     ps = prompts(e, 4)
     e.generate(ps[:1], sp, spec=SHAPES["S5K4N16"])  # warm-up
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    line = [f"{args.tag} load {load}"]
+    line = [f"{args.tag} load {_load()}"]
     for name in args.shapes.split(","):
         spec = SHAPES[name]
         for bs in (1, 4):
