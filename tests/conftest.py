@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 # Must precede any triton import (transformers may import it): kernel tests run on CPU.
@@ -40,6 +41,17 @@ def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from workbench.models.synthetic import write_random_head
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
+
+
+@pytest.fixture(autouse=True)
+def home_affinity() -> Iterator[None]:
+    """A test whose engine pinned the process to fewer cores (engine/affinity.py) leaves the
+    next test all of them."""
+    yield
+    from workbench.engine import affinity
+
+    if affinity.current() is not None:
+        affinity.pin(len(affinity.HOME or ()), None)
 
 
 @pytest.fixture(autouse=True)

@@ -121,7 +121,7 @@ def test_a_busy_machine_makes_a_provisional_choice_never_cached(
 
     # thread counts time alike, so a busy start keeps the process's count: the cache key
     # (which names the thread count) is then the quiet start's, whatever the real timings
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         {n: {"p": 1.0} for n in cands})
     machine_conditions["others"] = 1.2  # a neighbour used 1.2 cores while we measured
     with wb.Engine.from_pretrained(micro_target) as e:

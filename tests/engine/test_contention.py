@@ -84,8 +84,8 @@ def test_monitor_adapts_on_drift_and_returns_when_quiet(
         threads: None, machine_conditions: dict[str, float],
         monkeypatch: pytest.MonkeyPatch) -> None:
     answers = {2: {"p": 40.0}, 1: {"p": 10.0}}
-    monkeypatch.setattr(contention, "time_threads",
-                        lambda passes, cands, budget_s=0.0: {n: answers[n] for n in cands})
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: {n: answers[n] for n in cands})
     changes: list[contention.Adaptation] = []
     torch.set_num_threads(2)
     m = ContentionMonitor(2, lambda: {"p": lambda: None}, on_change=changes.append)
@@ -111,7 +111,7 @@ def test_monitor_adapts_on_drift_and_returns_when_quiet(
 def test_monitor_backs_off_when_the_measurement_confirms(
         threads: None, machine_conditions: dict[str, float],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         {n: {"p": 10.0} for n in cands})  # both counts alike: keep the default
     torch.set_num_threads(2)
     m = ContentionMonitor(2, lambda: {"p": lambda: None})
@@ -128,7 +128,7 @@ def test_monitor_at_one_thread_on_a_busy_machine_does_not_thrash(
     """Seen under load 5-7: steps drifting 1.5-1.7x at one thread re-measured 20 times in a
     minute, each confirming one thread. Nothing below one thread can help: no measurement."""
     calls: list[tuple[int, ...]] = []
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         calls.append(cands) or {n: {"p": 1.0} for n in cands})
     torch.set_num_threads(1)
     m = ContentionMonitor(2, lambda: {"p": lambda: None})
@@ -148,7 +148,7 @@ def test_monitor_keys_steps_by_shape_and_context(
     S6K8N32 steps (1.5x dearer) read as drift, so the thread counts were re-timed inside the
     timed arms. Steps of another tree shape or context bucket have their own calibration."""
     calls: list[tuple[int, ...]] = []
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         calls.append(cands) or {n: {"p": 1.0} for n in cands})
     torch.set_num_threads(2)
     m = ContentionMonitor(2, lambda: {"p": lambda: None})
@@ -171,7 +171,7 @@ def test_monitor_recalibrates_a_drift_on_a_quiet_machine(
     is in use: the workload's own change, so no thread timing (≈ 0.3 s inside a timed arm),
     the present cost becomes the calibration. The same drift with a neighbour is timed."""
     calls: list[tuple[int, ...]] = []
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         calls.append(cands) or {n: {"p": 1.0} for n in cands})
     torch.set_num_threads(2)
     m = ContentionMonitor(2, lambda: {"p": lambda: None})
@@ -220,8 +220,8 @@ def test_engine_records_threads_and_adapts_mid_run(
     steps: the output stays the one of a run without any flip."""
     busy = {"now": True}
 
-    def measured(passes: object, cands: tuple[int, ...],
-                 budget_s: float = 0.0) -> dict[int, dict[str, float]]:
+    def measured(passes: object, cands: tuple[int, ...], budget_s: float = 0.0,
+                 pin: object = None) -> dict[int, dict[str, float]]:
         fast = 1 if busy["now"] else max(cands)  # one thread wins while a neighbour runs
         return {n: {"p": 1.0 if n == fast else 9.0} for n in cands}
 
@@ -284,7 +284,7 @@ def test_a_second_engine_sees_the_process_thread_count(
     """bench concurrency builds one engine per arm in one process: the first engine's
     adaptation to one thread must not make the next believe the machine has one core."""
     monkeypatch.setattr(contention, "PROCESS_THREADS", 2)
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0:
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None:
                         {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
     machine_conditions["others"] = 1.2
     with wb.Engine.from_pretrained(micro_target) as a, \
@@ -296,3 +296,25 @@ def test_a_second_engine_sees_the_process_thread_count(
     machine_conditions["others"] = 0.0  # quiet: the next engine takes every core again
     with wb.Engine.from_pretrained(micro_target) as c:
         assert c.choices["threads"]["choice"] == "2" and torch.get_num_threads() == 2
+
+
+def test_one_step_far_over_its_calibration_asks_the_machine_at_once(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neighbour arrives: the first step 3x over its calibration looks at the machine (no
+    window of slow steps, no periodic wait); the counters decide — busy adapts, quiet does not."""
+    monkeypatch.setattr(contention, "time_threads",
+                        lambda passes, cands, budget_s=0.0, pin=None:
+                        {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    for _ in range(contention.WINDOW):
+        m.observe("spec", 1, 10.0)
+    m._next_check = time.perf_counter() + 3600.0  # no periodic look in this test
+    m._last_adapt = -1e9
+    assert m.observe("spec", 1, 25.0) is None  # under SPIKE x: waits for its window
+    assert m.observe("spec", 1, 31.0) is None and not m.log  # quiet machine: a look, no change
+    machine_conditions["others"] = 1.0
+    m._next_check = time.perf_counter() + 3600.0
+    a = m.observe("spec", 1, 31.0)
+    assert a is not None and (a.before, a.after) == (2, 1) and "other processes" in a.reason

@@ -25,7 +25,7 @@ def test_spec_lossless_while_threads_flip(threads: None, micro_target: Path, tra
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     busy = {"now": False}
     monkeypatch.setattr(contention, "PROCESS_THREADS", 2)
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0: {
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0, pin=None: {
         n: {"p": 1.0 if n == (1 if busy["now"] else max(cands)) else 9.0} for n in cands})
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [14, 15]]
     sp = wb.SamplingParams(max_new_tokens=20)

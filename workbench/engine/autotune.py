@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.engine import contention
+from workbench.engine import affinity, contention
 from workbench.machine import cpu_flags, cpu_model
 from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
 
@@ -375,6 +375,7 @@ def decide_threads(runner: ModelRunner) -> Choice:
     cond_d = {**cond.to_dict(), "cpu": cpu_model()}
     if not cond.contended:
         torch.set_num_threads(threads)
+        affinity.pin(threads, None)  # all cores (an engine closed under contention pinned)
         return Choice("threads", str(threads), "only", (str(threads),),
                       seconds=time.perf_counter() - t0, conditions=cond_d,
                       note=f"all cores: the machine is {cond.describe()}; re-measured when "
@@ -383,12 +384,17 @@ def decide_threads(runner: ModelRunner) -> Choice:
     assert runner.target is not None  # the autotune stage runs after load_target
     passes = {"decode M=1": contention.gemm_pass(runner.target, 1),
               "verify M=16": contention.gemm_pass(runner.target, 16)}
-    timings = contention.time_threads(passes, cands)
+    # fewer threads run on the cores the others leave free (engine/affinity.py)
+    order = affinity.quiet_cpus()
+    timings = contention.time_threads(passes, cands, pin=lambda n: affinity.pin(n, order))
     best = contention.pick_threads(timings, threads)
     torch.set_num_threads(best)
+    cpus = affinity.pin(best, order)
+    where = f"; pinned to CPU(s) {cpus}, the least busy" if cpus else ""
     return Choice("threads", str(best), "measured", tuple(str(n) for n in cands),
                   {str(n): t for n, t in timings.items()}, time.perf_counter() - t0,
-                  note="median of turns", provisional=True, conditions=cond_d)
+                  note="median of turns" + where, provisional=True,
+                  conditions={**cond_d, "cpus": cpus})
 
 
 def apply_gemm(runner: ModelRunner, choice: str) -> None:

@@ -42,14 +42,20 @@ from typing import Any
 
 import torch
 
+from workbench.engine import affinity
+
 # others' CPU use (in cores) at or above which a window counts as contended: a third of a core
 # is what a background build or a notebook kernel costs; below it timings hold to ~10 %
 OTHERS_CORES = 0.35
 STEAL_SHARE = 0.05  # hypervisor steal share at or above which a window counts as contended
 DRIFT = 1.5  # own step time / calibration at or above which the steps have drifted
 WINDOW = 8  # steps per window of the step-time monitor
-CHECK_S = 2.0  # the monitor looks at the machine at most this often
-BACKOFF_S = (2.0, 60.0)  # first and longest wait after a measurement confirmed the choice
+# the monitor looks at the machine at most this often: a look is one read of /proc/stat (tens of
+# µs), and with a neighbour on a core two threads run a GEMM pass ~25x slower (3.5 → 89 ms,
+# measured), so every second spent noticing costs more than years of looks
+CHECK_S = 0.5
+BACKOFF_S = (0.5, 60.0)  # first and longest wait after a measurement confirmed the choice
+SPIKE = 3.0  # one step this many times its calibration asks the machine at once (no window)
 THREADS_BUDGET_S = 0.3  # one thread-count measurement (turns of decode and verify passes)
 LOOK_S = 0.15  # the init stage's look at the machine (a window of 15 ticks at 100 Hz)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -89,9 +95,10 @@ def cpu_sample() -> CpuSample | None:
 
 
 def cores() -> int:
-    """The CPUs this process may run on (its affinity mask), else ``os.cpu_count()``."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
+    """The CPUs this process may run on as it started (its affinity mask then: a pin of our
+    own to fewer cores does not shrink "all cores"), else ``os.cpu_count()``."""
+    if affinity.HOME is not None:
+        return len(affinity.HOME)
     return os.cpu_count() or 1
 
 
@@ -227,28 +234,37 @@ def gemm_pass(target: Any, m: int) -> Callable[[], None]:
 
 def time_threads(passes: Mapping[str, Callable[[], None]], candidates: Sequence[int],
                  budget_s: float = THREADS_BUDGET_S, min_rounds: int = 3,
-                 max_rounds: int = 40) -> dict[int, dict[str, float]]:
+                 max_rounds: int = 40,
+                 pin: Callable[[int], object] | None = None) -> dict[int, dict[str, float]]:
     """Median ms of each pass at each thread count, the counts taking turns (a busy stretch
-    hits every count alike); the thread count in force is restored afterwards."""
+    hits every count alike); the thread count in force is restored afterwards. ``pin(n)``,
+    when given, places the threads for count ``n`` (``affinity.pin``) each time it takes its
+    turn, and ``pin(before)`` at the end."""
     before = torch.get_num_threads()
+
+    def use(n: int) -> None:
+        torch.set_num_threads(n)
+        if pin is not None:
+            pin(n)
+
     times: dict[int, dict[str, list[float]]] = {n: {k: [] for k in passes} for n in candidates}
     try:
         for n in candidates:  # warm-up: a thread count's first region spawns its threads
-            torch.set_num_threads(n)
+            use(n)
             for fn in passes.values():
                 fn()
         t_end = time.perf_counter() + budget_s
         rounds = 0
         while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() < t_end):
             for n in candidates:
-                torch.set_num_threads(n)
+                use(n)
                 for k, fn in passes.items():
                     t0 = time.perf_counter()
                     fn()
                     times[n][k].append(1e3 * (time.perf_counter() - t0))
             rounds += 1
     finally:
-        torch.set_num_threads(before)
+        use(before)
     return {n: {k: statistics.median(v) for k, v in ts.items()} for n, ts in times.items()}
 
 
@@ -284,6 +300,7 @@ class Adaptation:
     timings_ms: dict[int, dict[str, float]]
     before: int
     after: int
+    cpus: list[int] | None = None  # the cores pinned to (fewer than all); None: all cores
 
 
 StepKey = tuple[str, int, tuple[int, ...], int]  # (mode, batch bucket, shape, context bucket)
@@ -310,6 +327,7 @@ class ContentionMonitor:
         self.recalibrations = 0
         self.drift: float | None = None
         self.log: list[Adaptation] = []
+        self.cpus: list[int] | None = None  # the cores this monitor pinned the process to
         self._sample = cpu_sample()
         self._next_check = time.perf_counter() + CHECK_S
         self._last_check = time.perf_counter()
@@ -343,8 +361,12 @@ class ContentionMonitor:
         if not self.enabled:
             return None
         now = time.perf_counter()
-        drifted = self.drift is not None and self.drift >= DRIFT
-        # a drift asks before the periodic look, but not before the back-off has passed
+        cal = self.calibration.get(k)
+        # a drift, or one step far over its calibration (a neighbour arrived: the window's
+        # median would take WINDOW slow steps to say so), asks before the periodic look —
+        # the machine's counters then decide — but not before the back-off has passed
+        drifted = (self.drift is not None and self.drift >= DRIFT) or \
+            (cal is not None and ms >= SPIKE * cal)
         if now < self._next_check and not (drifted and now >= self._last_adapt + self._backoff):
             return None
         return self.check(now)
@@ -404,18 +426,21 @@ class ContentionMonitor:
         """Time the candidate thread counts now and apply the fastest."""
         if self._passes is None:
             self._passes = self._make_passes()
-        before = torch.get_num_threads()
+        before, pinned_before = torch.get_num_threads(), self.cpus
         cands = thread_candidates(self.default, cond)
-        timings = time_threads(self._passes, cands)
+        # under contention fewer threads run on the cores the others leave free (affinity.py)
+        order = affinity.quiet_cpus() if cond.contended else None
+        timings = time_threads(self._passes, cands, pin=lambda n: affinity.pin(n, order))
         after = pick_threads(timings, self.default)
-        if after != before:
+        self.cpus = affinity.pin(after, order)
+        if after != before or self.cpus != pinned_before:
             torch.set_num_threads(after)
             self.windows.clear()  # step times at another thread count: a new calibration
             self.calibration.clear()
         else:  # confirmed: the steps' present cost is their calibration from here on
             self._recalibrate()
         self.drift = None
-        a = Adaptation(time.time(), reason, cond.to_dict(), timings, before, after)
+        a = Adaptation(time.time(), reason, cond.to_dict(), timings, before, after, self.cpus)
         self.log.append(a)
         if self.on_change is not None:
             self.on_change(a)

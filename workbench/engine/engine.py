@@ -22,7 +22,7 @@ import torch
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
-from workbench.engine import driver, policy_init
+from workbench.engine import affinity, driver, policy_init
 from workbench.engine.contention import Adaptation, ContentionMonitor
 from workbench.engine.output import OutputProcessor
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
@@ -180,9 +180,11 @@ class Engine:
 
         self.choices["threads"] = autotune.Choice(
             "threads", str(a.after), "measured", tuple(str(n) for n in a.timings_ms),
-            {str(n): t for n, t in a.timings_ms.items()}, note=f"re-measured: {a.reason}",
+            {str(n): t for n, t in a.timings_ms.items()},
+            note=f"re-measured: {a.reason}" + (f"; pinned to CPU(s) {a.cpus}, the least busy"
+                                               if a.cpus else ""),
             provisional=bool(a.conditions["contended"]),
-            conditions={**a.conditions, "cpu": autotune.cpu_model()}).to_dict()
+            conditions={**a.conditions, "cpu": autotune.cpu_model(), "cpus": a.cpus}).to_dict()
 
     def _stage_allocate_kv(self) -> None:
         assert self.model_config is not None
@@ -346,6 +348,10 @@ class Engine:
             for req in list(self.scheduler.running) + list(self.scheduler.waiting):
                 self.scheduler.finish(req)
         self.runner.close()
+        if self.contention is not None and affinity.current() is not None:
+            # this engine pinned the process to fewer cores (at init or since): give them back
+            affinity.pin(len(affinity.HOME or ()), None)
+            self.contention.cpus = None
         self.scheduler = self.out.scheduler = None
         self._closed = True
 

@@ -1,0 +1,105 @@
+"""Affinity: fewer threads run on the cores other processes leave free, and all cores come back.
+
+Real processes, real ``/proc/stat``, real ``sched_setaffinity`` (Linux, two cores or more)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from workbench.engine import affinity, contention
+from workbench.engine.contention import Conditions, ContentionMonitor
+
+pytestmark = pytest.mark.skipif(affinity.HOME is None or len(affinity.HOME) < 2,
+                                reason="needs sched_setaffinity and two CPUs or more")
+
+
+@pytest.fixture()
+def spinner() -> Iterator[int]:
+    """A CPU-bound process pinned to the last home CPU; yields that CPU."""
+    assert affinity.HOME is not None
+    cpu = max(affinity.HOME)
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                         preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    try:
+        time.sleep(0.3)  # let it start spinning
+        yield cpu
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def test_quiet_cpus_puts_the_busy_core_last(spinner: int) -> None:
+    order = affinity.quiet_cpus(0.2)
+    assert order is not None and sorted(order) == sorted(affinity.HOME or ())
+    assert order[-1] == spinner
+
+
+def test_pin_moves_every_thread_and_home_restores() -> None:
+    assert affinity.HOME is not None
+    ready, stop = threading.Event(), threading.Event()
+    seen: list[set[int]] = []
+
+    def worker() -> None:
+        ready.set()
+        stop.wait(10)
+        seen.append(os.sched_getaffinity(0))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    ready.wait(10)
+    one = min(affinity.HOME)
+    try:
+        assert affinity.pin(1, [one]) == [one]
+        assert affinity.current() == [one]
+        stop.set()
+        t.join(10)
+        assert seen == [{one}]  # a thread started before the pin moved too
+    finally:
+        assert affinity.pin(len(affinity.HOME), None) is None
+    assert affinity.current() is None and os.sched_getaffinity(0) == set(affinity.HOME)
+
+
+def test_pin_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        affinity.pin(0, None)
+    with pytest.raises(ValueError, match="not this process's"):
+        affinity.pin(1, [10_000])
+    assert affinity.current() is None
+
+
+def test_monitor_pins_fewer_threads_to_the_free_core_and_unpins_when_quiet(
+        spinner: int, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy: the one-thread candidate is timed, and then runs, on the core the spinner leaves
+    free; quiet again: all cores and all threads come back."""
+    placed: list[list[int] | None] = []
+
+    def timed(passes: object, cands: tuple[int, ...], budget_s: float = 0.0,
+              pin: object = None) -> dict[int, dict[str, float]]:
+        for n in cands:
+            assert callable(pin)
+            pin(n)
+            placed.append(affinity.current())
+        return {n: {"p": 1.0 if n == 1 else 9.0} for n in cands}  # one thread wins
+
+    monkeypatch.setattr(contention, "time_threads", timed)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = ContentionMonitor(2, lambda: {"p": lambda: None})
+        a = m.adapt(Conditions(2, 1.0, others=1.0, steal=0.0, load1=1.0), "a neighbour")
+        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
+        assert (a.after, a.cpus, m.cpus) == (1, free, free)
+        assert affinity.current() == free and placed == [None, free]
+        q = m.adapt(Conditions(2, 1.0, others=0.0, steal=0.0, load1=0.5), "quiet again")
+        assert (q.cpus, m.cpus) == (None, None) and affinity.current() is None
+    finally:
+        torch.set_num_threads(before)
