@@ -26,7 +26,7 @@ COMMANDS = {
     "target": {
         "train": "python -m workbench train-target --layers 18 --hidden 256 --heads 4 "
                  "--kv-heads 2 --intermediate 704 --steps 1000 --ckpt-every 50 --threads 2",
-        "bench": "python -m workbench bench spec --prompts 16 --max-new-tokens 128",
+        "bench": "python -m workbench bench spec --prompts 8 --max-new-tokens 64 --repeats 3",
     },
     "draft": {
         "train": "python -m workbench train-draft --threads 2 --steps 600 --batch 8 "
@@ -42,7 +42,7 @@ COMMANDS = {
                  "--steps 1600, then 1900 — so its learning-rate curve differs slightly from one "
                  "uninterrupted command. The last stage also fits the greedy calibration "
                  "temperature on held-out regenerated windows)",
-        "bench": "python -m workbench bench spec --prompts 16 --max-new-tokens 128",
+        "bench": "python -m workbench bench spec --prompts 8 --max-new-tokens 64 --repeats 3",
     },
 }
 
