@@ -76,6 +76,7 @@ CHECKED = (
 # Modules of the step-path packages that run only outside a step, each with why
 OFF_STEP_PATH: dict[str, str] = {
     "engine/__init__.py": "re-exports",
+    "engine/affinity.py": "host scheduling only (CPU affinity, /proc/stat): no tensors",
     "engine/autotune.py": "init stage: times host GEMMs on CPU weights",
     "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
                             "times host GEMMs on CPU weights between steps",

@@ -326,7 +326,9 @@ class EagleWorker:
                 dst.extend(slots[j] for j in moved)
             ok.append((i, r, m, path))
         if src:
-            pool.compact(torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64))
+            # slots are host plan metadata (KVPool.slots); compact moves them to the pool
+            pool.compact(torch.tensor(src, dtype=torch.int64, device="cpu"),
+                         torch.tensor(dst, dtype=torch.int64, device="cpu"))
         keep: list[Request] = []
         bonus = res.bonus.tolist()
         tokens = tree.tokens.tolist()
