@@ -8,12 +8,14 @@ state of its parent, attending to the draft prefix plus its own ancestors (TreeD
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 
 from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
 from workbench.models.eagle3 import Eagle3Draft
-from workbench.speculative.tree import build_tree, expand, select_frontier
+from workbench.speculative.tree import build_tree, expand, per_shape, select_frontier
 
 
 @torch.inference_mode()
@@ -102,17 +104,11 @@ class _Consts:
         return self._vocab
 
 
-_CONSTS: dict[tuple[int, int, int, str], _Consts] = {}
+_CONSTS: dict[Hashable, _Consts] = {}
 
 
 def _constants(b: int, k: int, num_steps: int, dev: torch.device) -> _Consts:
-    key = (b, k, num_steps, str(dev))
-    c = _CONSTS.get(key)
-    if c is None:
-        if len(_CONSTS) > 64:  # a few shapes in practice; never grows without bound
-            _CONSTS.clear()
-        c = _CONSTS[key] = _Consts(b, k, num_steps, dev)
-    return c
+    return per_shape(_CONSTS, (b, k, num_steps, str(dev)), lambda: _Consts(b, k, num_steps, dev))
 
 
 def _parents(c: _Consts, picks: list[torch.Tensor], k: int) -> torch.Tensor:

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
 import torch
 
 from workbench.core import DraftTree
@@ -71,18 +74,28 @@ class _Consts:
         self.ones = torch.ones(b, 1, device=dev)
 
 
-_CONSTS: dict[tuple[int, int, int, str, bool], _Consts] = {}
+T = TypeVar("T")
+CACHE_LIMIT = 64  # shapes per cache: a few in practice; never grows without bound
+
+
+def per_shape(store: dict[Hashable, T], key: Hashable, make: Callable[[], T]) -> T:
+    """``store[key]``, built by ``make()`` the first time; a store past ``CACHE_LIMIT``
+    entries starts over (the per-shape constants of the draft loop and the tree build)."""
+    v = store.get(key)
+    if v is None:
+        if len(store) > CACHE_LIMIT:
+            store.clear()
+        v = store[key] = make()
+    return v
+
+
+_CONSTS: dict[Hashable, _Consts] = {}
 
 
 def _consts(b: int, c: int, keep: int, dev: torch.device) -> _Consts:
     # inference tensors (built under inference_mode) are kept apart from normal ones
     key = (b, c, keep, str(dev), torch.is_inference_mode_enabled())
-    k = _CONSTS.get(key)
-    if k is None:
-        if len(_CONSTS) > 64:  # a few shapes in practice; never grows without bound
-            _CONSTS.clear()
-        k = _CONSTS[key] = _Consts(b, c, keep, dev)
-    return k
+    return per_shape(_CONSTS, key, lambda: _Consts(b, c, keep, dev))
 
 
 def finish_tree(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
