@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.gemm import fuse_linears
 from workbench.models.moe_config import MoeSpec
 
 
@@ -105,44 +106,63 @@ class SparseMoe(nn.Module):
             self.shared_experts = None
         self.gate_up: torch.Tensor | None = None  # (E, 2I, D) after fuse(); experts are views
         self.down: torch.Tensor | None = None  # (E, D, I)
-        self.last_counts: torch.Tensor | None = None
+        self.shared: tuple[torch.Tensor, torch.Tensor] | None = None  # fused (2I', D), (D, I')
+        self.mm_weights: list[tuple[torch.Tensor, torch.Tensor]] = []  # after fuse()
+        self._idx: torch.Tensor | None = None  # expert ids of the last forward (T, k)
+        self._counts: torch.Tensor | None = None  # their bincount, when read (last_counts)
+
+    @property
+    def last_counts(self) -> torch.Tensor | None:
+        """Tokens routed to each expert in the last forward (E,) int64 (None before any):
+        counted when first read (a bs=1 decode step skips the bincount unless a trace or the
+        coverage frame asks)."""
+        if self._counts is None and self._idx is not None:
+            self._counts = torch.bincount(self._idx.flatten(), minlength=self.spec.num_experts)
+        return self._counts
 
     def fuse(self) -> None:
         """Stack the experts' weights (gate/up as one (E, 2I, D) tensor, down (E, D, I)); each
-        expert's parameters become views of them (one copy; training updates stay in sync)."""
+        expert's parameters become views of them (one copy; training updates stay in sync).
+
+        On CPU the storage is per expert (in, out) contiguous — (E, D, 2I) and (E, I, D), the
+        (out, in) tensors transposed views — the layout MKL reads fastest at small M, as
+        ``gemm.fuse_linears`` for the dense GEMMs. The router's weight and the shared
+        expert's are re-laid out the same way."""
         if self.gate_up is not None:
             return
         lins = [ex.linears() for ex in self.experts if isinstance(ex, ExpertMLP)]
+        cpu = lins[0][0].weight.device.type == "cpu"
         with torch.no_grad():
-            gu = torch.stack([torch.cat([g.weight, u.weight]) for g, u, _ in lins]).contiguous()
-            dn = torch.stack([d.weight for _, _, d in lins]).contiguous()
+            if cpu:  # (E, in, out) storage; the (E, out, in) weights are transposed views
+                gu = torch.stack([torch.cat([g.weight.t(), u.weight.t()], dim=1)
+                                  for g, u, _ in lins]).transpose(1, 2)
+                dn = torch.stack([d.weight.t() for _, _, d in lins]).transpose(1, 2)
+                r = self.gate.weight
+                r.data = r.detach().t().contiguous().t()
+            else:
+                gu = torch.stack([torch.cat([g.weight, u.weight]) for g, u, _ in lins])
+                dn = torch.stack([d.weight for _, _, d in lins])
         inter = self.spec.moe_intermediate_size
         for e, (g, u, d) in enumerate(lins):
             g.weight.data = gu[e, :inter]
             u.weight.data = gu[e, inter:]
             d.weight.data = dn[e]
         self.gate_up, self.down = gu, dn
+        # per expert, the (in, out) operands of x @ W (views): one mm/addmm each, no select
+        self.mm_weights = [(gu[e].t(), dn[e].t()) for e in range(len(lins))]
+        if self.shared_experts is not None:
+            g, u, d = self.shared_experts.linears()
+            self.shared = fuse_linears([g, u])[0], fuse_linears([d])[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, D) → (T, D): Σ_k w_k · expert_k(x) (+ shared expert)."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (T, D) → (T, D): Σ_k w_k · expert_k(x) (+ shared expert) (+ ``residual``)."""
+        if x.shape[0] == 1 and self.mm_weights:
+            return self._one_token(x, residual)
         w, idx = route(F.linear(x, self.gate.weight), self.spec, self.gate.e_score_correction_bias)
         e = self.spec.num_experts
         flat = idx.flatten()
         counts = torch.bincount(flat, minlength=e)
-        if x.shape[0] == 1 and self.gate_up is not None and self.down is not None:
-            # one token (a bs=1 decode step): its k experts in turn, no sort/gather/scatter
-            self.last_counts = counts
-            wx = w[0].to(x.dtype)
-            out = None
-            for j, ex in enumerate(flat.tolist()):
-                g, u = F.linear(x, self.gate_up[ex]).chunk(2, dim=-1)
-                y = F.linear(F.silu(g) * u, self.down[ex]) * wx[j]
-                out = y if out is None else out + y
-            assert out is not None
-            if self.shared_experts is not None:
-                out = out + self.shared_experts(x)
-            return out
-        self.last_counts = counts
+        self._idx, self._counts = idx, counts
         order = torch.argsort(flat, stable=True)  # (T·k,) grouped by expert
         tok = order // self.spec.top_k
         wts = w.flatten()[order].to(x.dtype).unsqueeze(-1)
@@ -161,5 +181,37 @@ class SparseMoe(nn.Module):
                 y = self.experts[ex](xs[rows])
             out.index_add_(0, tok[rows], y * wts[rows])
         if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
+            out = out + self._shared(x)
+        return out if residual is None else residual + out
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        if self.shared is None:
+            assert self.shared_experts is not None
+            return self.shared_experts(x)  # type: ignore[no-any-return]
+        g, u = F.linear(x, self.shared[0]).chunk(2, dim=-1)
+        return F.linear(F.silu(g) * u, self.shared[1])
+
+    def _one_token(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """One token (a bs=1 decode step): its k experts in turn, each down GEMM accumulating
+        into the output with its routing weight as the GEMM's scale (``addmm``'s alpha); no
+        sort, gather or scatter, and no bincount (``last_counts`` counts when read)."""
+        logits = F.linear(x, self.gate.weight)
+        spec = self.spec
+        if spec.scoring == "softmax" and spec.norm_topk_prob:
+            # renormalised top-k of softmax(logits) == softmax of the top-k logits
+            top, idx = torch.topk(logits, spec.top_k, dim=-1)
+            w = torch.softmax(top.float(), dim=-1)
+        else:
+            w, idx = route(logits, spec, self.gate.e_score_correction_bias)
+        self._idx, self._counts = idx, None
+        if self.shared_experts is not None:
+            out = self._shared(x)
+            out = out if residual is None else residual + out
+        else:
+            out = torch.zeros_like(x) if residual is None else residual
+        mm = self.mm_weights
+        for ex, wk in zip(idx[0].tolist(), w[0].tolist(), strict=True):  # k host reads
+            gu, dn = mm[ex]
+            g, u = torch.mm(x, gu).chunk(2, dim=-1)
+            out = torch.addmm(out, F.silu(g) * u, dn, alpha=wk)
         return out

@@ -19,10 +19,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.models.config import ModelConfig
+from workbench.models.gemm import fuse_linears
 from workbench.models.llama import MLP, Attention, AttentionBackend, RMSNorm, gather_taps
 from workbench.models.mla import MlaAttention, MlaRotary
 from workbench.models.moe import SparseMoe
-from workbench.models.rope import Rotary
+from workbench.models.rope import Rotary, apply_rope_rolled
+
+
+def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` without the module call (float32: one fused op)."""
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+    return norm(x)  # type: ignore[no-any-return]
 
 
 class MoeDecoderLayer(nn.Module):
@@ -77,6 +85,7 @@ class MoeForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gemm = "dense"
+        self._head: torch.Tensor | None = None  # lm_head weight as logits() reads it (fuse)
 
     def reset_rope(self, device: torch.device | str) -> None:
         """Rebuild the rope table's inverse frequencies (a buffer, not in the checkpoint)."""
@@ -94,6 +103,14 @@ class MoeForCausalLM(nn.Module):
                 layer.self_attn.fuse()
             layer.ffn.fuse()
         self.gemm = "dense"
+        head = self.lm_head.weight
+        if head.device.type == "cpu":  # (in, out) storage, as fuse_linears (faster in MKL)
+            if self.config.tie_word_embeddings:  # the embedding keeps the row layout: copy
+                head = head.detach().t().contiguous().t()
+            else:
+                fuse_linears([self.lm_head])
+                head = self.lm_head.weight
+        self._head = head
 
     def gemm_pass(self, m: int) -> Callable[[], None]:
         """A timing pass for thread-count measurements (``engine.contention``): the dense
@@ -122,34 +139,55 @@ class MoeForCausalLM(nn.Module):
                 out[i] = ffn.last_counts
         return out
 
-    def _attend(self, layer: MoeDecoderLayer, x: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, attn: AttentionBackend, i: int) -> torch.Tensor:
-        a = layer.self_attn
+    def _attend(self, layer: MoeDecoderLayer, x: torch.Tensor, rope: tuple[torch.Tensor, ...],
+                attn: AttentionBackend, i: int) -> torch.Tensor:
+        """x + attention(norm(x)). Grouped-query layers after ``fuse``: one qkv GEMM, RoPE on
+        q and k together (rolled tables), o_proj with the residual fused (llama's fast path)."""
+        a, h = layer.self_attn, _norm(layer.input_layernorm, x)
         if isinstance(a, MlaAttention):
-            return a(x, cos, sin, attn)  # type: ignore[no-any-return]
+            return x + a(h, *rope, attn)  # type: ignore[no-any-return]
         assert isinstance(a, Attention)
-        q, k, v = a.qkv(x, cos, sin)
-        return a.o_proj(attn.run(i, q, k, v).flatten(-2))  # type: ignore[no-any-return]
+        if a.fused is None:
+            q, k, v = a.qkv(h, *rope)
+            return x + a.o_proj(attn.run(i, q, k, v).flatten(-2))  # type: ignore[no-any-return]
+        cos, sin = rope
+        qkv = F.linear(h, *a.fused).unflatten(-1, (a.h + 2 * a.kv, a.hd))
+        if a.q_norm is None or a.k_norm is None:
+            qk = apply_rope_rolled(qkv[:, : a.h + a.kv], cos, sin)
+            q, k = qk[:, : a.h], qk[:, a.h :]
+        else:  # Qwen3-MoE: per-head RMSNorm on q and k before RoPE
+            q = apply_rope_rolled(_norm(a.q_norm, qkv[:, : a.h]), cos, sin)
+            k = apply_rope_rolled(_norm(a.k_norm, qkv[:, a.h : a.h + a.kv]), cos, sin)
+        o = attn.run(i, q, k, qkv[:, a.h + a.kv :]).flatten(-2)
+        return torch.addmm(x, o, a.o_proj.weight.t())
 
     # -- engine path -----------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 aux_layers: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """tokens, positions (T,) ragged → hidden (T, D) after the final norm, and the hidden
-        states entering ``aux_layers`` concatenated (T, len(aux)·D), or None."""
+        states entering ``aux_layers`` concatenated (T, len(aux)·D), or None.
+
+        One flat loop (norms as plain ops, residual adds fused into o_proj and the experts'
+        down GEMMs): at bs=1 on a CPU the per-op overhead is a large share of a decode step."""
         m = self.model
-        x = m.embed_tokens(tokens)
-        cos, sin = m.rotary_emb.cos_sin(positions, x.dtype)
+        x = F.embedding(tokens, m.embed_tokens.weight)
+        rot = m.rotary_emb
+        fused = self._head is not None and not isinstance(rot, MlaRotary)
+        rope = rot.rolled(positions, x.dtype) if fused else rot.cos_sin(positions, x.dtype)
         taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(m.decoder_layers()):
             if i in aux_layers:
                 taps[i] = x
-            x = x + self._attend(layer, layer.input_layernorm(x), cos, sin, attn, i)
-            x = x + layer.ffn(layer.post_attention_layernorm(x))
-        return m.norm(x), gather_taps(taps, aux_layers)
+            x = self._attend(layer, x, rope, attn, i)
+            h, ffn = _norm(layer.post_attention_layernorm, x), layer.ffn
+            x = ffn(h, x) if isinstance(ffn, SparseMoe) else x + ffn(h)
+        return _norm(m.norm, x), gather_taps(taps, aux_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, D) → logits (T, V) in float32."""
-        return self.lm_head(hidden).float()  # type: ignore[no-any-return]
+        if self._head is None:
+            return self.lm_head(hidden).float()  # type: ignore[no-any-return]
+        return F.linear(hidden, self._head).float()
 
     # -- dense path (training, oracles) ----------------------------------------------------
     def forward_dense(self, input_ids: torch.Tensor, aux_layers: Sequence[int] = ()
