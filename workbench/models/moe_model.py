@@ -13,6 +13,7 @@ declares what it does not: oneDNN-packed weights, the Inductor-compiled step and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,47 @@ from workbench.models.moe import SparseMoe
 from workbench.models.rope import Rotary, apply_rope_rolled
 
 
-def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-    """``norm(x)`` without the module call (float32: one fused op)."""
-    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
-    return norm(x)  # type: ignore[no-any-return]
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``RMSNorm`` without the module call: one fused op in float32, else HF's op order."""
+    if x.dtype == torch.float32 and w.dtype == torch.float32:
+        return F.rms_norm(x, w.shape, w, eps)
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class MoeFastLayer:
+    """One decoder layer as the engine path reads it (built by ``fuse``): plain tensors —
+    views of the parameters — and the layer's MLA / MoE / dense-MLP part, so a decode step
+    makes no module calls and no module attribute look-ups. Grouped-query attention: ``qkv``
+    the fused (out, in) weight, ``o_t`` o_proj's (in, out) operand; MLA layers: ``mla``."""
+
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    h: int = 0
+    kv: int = 0
+    hd: int = 0
+    qkv: torch.Tensor | None = None
+    qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    o_t: torch.Tensor | None = None
+    mla: MlaAttention | None = None
+    moe: SparseMoe | None = None
+    mlp: MLP | None = None
+
+    @classmethod
+    def of(cls, layer: MoeDecoderLayer) -> MoeFastLayer:
+        a, ffn = layer.self_attn, layer.ffn
+        moe, mlp = (ffn, None) if isinstance(ffn, SparseMoe) else (None, ffn)
+        n1, n2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        if isinstance(a, MlaAttention):
+            return cls(n1, n2, mla=a, moe=moe, mlp=mlp)
+        assert isinstance(a, Attention) and a.fused is not None
+        return cls(n1, n2, a.h, a.kv, a.hd, a.fused[0], a.fused[1],
+                   a.q_norm.weight if a.q_norm is not None else None,
+                   a.k_norm.weight if a.k_norm is not None else None,
+                   a.o_proj.weight.t(), moe=moe, mlp=mlp)
 
 
 class MoeDecoderLayer(nn.Module):
@@ -86,6 +123,7 @@ class MoeForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gemm = "dense"
         self._head: torch.Tensor | None = None  # lm_head weight as logits() reads it (fuse)
+        self._fast: list[MoeFastLayer] | None = None  # the engine path's layers (fuse)
 
     def reset_rope(self, device: torch.device | str) -> None:
         """Rebuild the rope table's inverse frequencies (a buffer, not in the checkpoint)."""
@@ -111,6 +149,7 @@ class MoeForCausalLM(nn.Module):
                 fuse_linears([self.lm_head])
                 head = self.lm_head.weight
         self._head = head
+        self._fast = [MoeFastLayer.of(layer) for layer in self.model.decoder_layers()]
 
     def gemm_pass(self, m: int) -> Callable[[], None]:
         """A timing pass for thread-count measurements (``engine.contention``): the dense
@@ -139,27 +178,24 @@ class MoeForCausalLM(nn.Module):
                 out[i] = ffn.last_counts
         return out
 
-    def _attend(self, layer: MoeDecoderLayer, x: torch.Tensor, rope: tuple[torch.Tensor, ...],
-                attn: AttentionBackend, i: int) -> torch.Tensor:
-        """x + attention(norm(x)). Grouped-query layers after ``fuse``: one qkv GEMM, RoPE on
-        q and k together (rolled tables), o_proj with the residual fused (llama's fast path)."""
-        a, h = layer.self_attn, _norm(layer.input_layernorm, x)
-        if isinstance(a, MlaAttention):
-            return x + a(h, *rope, attn)  # type: ignore[no-any-return]
-        assert isinstance(a, Attention)
-        if a.fused is None:
-            q, k, v = a.qkv(h, *rope)
-            return x + a.o_proj(attn.run(i, q, k, v).flatten(-2))  # type: ignore[no-any-return]
+    def _attend(self, f: MoeFastLayer, x: torch.Tensor, rope: tuple[torch.Tensor, ...],
+                attn: AttentionBackend, i: int, eps: float) -> torch.Tensor:
+        """x + attention(norm(x)). Grouped-query layers: one qkv GEMM, RoPE on q and k together
+        (rolled tables), o_proj with the residual fused (llama's fast path)."""
+        h = _rms(x, f.norm1, eps)
+        if f.mla is not None:
+            return x + f.mla(h, *rope, attn)  # type: ignore[no-any-return]
+        assert f.qkv is not None and f.o_t is not None
         cos, sin = rope
-        qkv = F.linear(h, *a.fused).unflatten(-1, (a.h + 2 * a.kv, a.hd))
-        if a.q_norm is None or a.k_norm is None:
-            qk = apply_rope_rolled(qkv[:, : a.h + a.kv], cos, sin)
-            q, k = qk[:, : a.h], qk[:, a.h :]
+        qkv = F.linear(h, f.qkv, f.qkv_bias).unflatten(-1, (f.h + 2 * f.kv, f.hd))
+        if f.q_norm is None or f.k_norm is None:
+            qk = apply_rope_rolled(qkv[:, : f.h + f.kv], cos, sin)
+            q, k = qk[:, : f.h], qk[:, f.h :]
         else:  # Qwen3-MoE: per-head RMSNorm on q and k before RoPE
-            q = apply_rope_rolled(_norm(a.q_norm, qkv[:, : a.h]), cos, sin)
-            k = apply_rope_rolled(_norm(a.k_norm, qkv[:, a.h : a.h + a.kv]), cos, sin)
-        o = attn.run(i, q, k, qkv[:, a.h + a.kv :]).flatten(-2)
-        return torch.addmm(x, o, a.o_proj.weight.t())
+            q = apply_rope_rolled(_rms(qkv[:, : f.h], f.q_norm, eps), cos, sin)
+            k = apply_rope_rolled(_rms(qkv[:, f.h : f.h + f.kv], f.k_norm, eps), cos, sin)
+        o = attn.run(i, q, k, qkv[:, f.h + f.kv :]).flatten(-2)
+        return torch.addmm(x, o, f.o_t)
 
     # -- engine path -----------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
@@ -167,21 +203,29 @@ class MoeForCausalLM(nn.Module):
         """tokens, positions (T,) ragged → hidden (T, D) after the final norm, and the hidden
         states entering ``aux_layers`` concatenated (T, len(aux)·D), or None.
 
-        One flat loop (norms as plain ops, residual adds fused into o_proj and the experts'
-        down GEMMs): at bs=1 on a CPU the per-op overhead is a large share of a decode step."""
-        m = self.model
+        One flat loop over :class:`MoeFastLayer` records (norms as plain ops, residual adds
+        fused into o_proj and the experts' down GEMMs, no module calls but MLA's): at bs=1 on
+        a CPU the per-op and per-call overhead is a large share of a decode step."""
+        if self._fast is None:
+            self.fuse()
+        assert self._fast is not None
+        m, eps = self.model, self.config.rms_norm_eps
         x = F.embedding(tokens, m.embed_tokens.weight)
         rot = m.rotary_emb
-        fused = self._head is not None and not isinstance(rot, MlaRotary)
-        rope = rot.rolled(positions, x.dtype) if fused else rot.cos_sin(positions, x.dtype)
+        mla = isinstance(rot, MlaRotary)
+        rope = rot.cos_sin(positions, x.dtype) if mla else rot.rolled(positions, x.dtype)
         taps: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(m.decoder_layers()):
+        for i, f in enumerate(self._fast):
             if i in aux_layers:
                 taps[i] = x
-            x = self._attend(layer, x, rope, attn, i)
-            h, ffn = _norm(layer.post_attention_layernorm, x), layer.ffn
-            x = ffn(h, x) if isinstance(ffn, SparseMoe) else x + ffn(h)
-        return _norm(m.norm, x), gather_taps(taps, aux_layers)
+            x = self._attend(f, x, rope, attn, i, eps)
+            h = _rms(x, f.norm2, eps)
+            if f.moe is not None:
+                x = f.moe.forward(h, x)
+            else:
+                assert f.mlp is not None
+                x = x + f.mlp.forward(h)
+        return _rms(x, m.norm.weight, m.norm.eps), gather_taps(taps, aux_layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (T, D) → logits (T, V) in float32."""
