@@ -143,8 +143,8 @@ class _StubDraft:
         self.d2t = torch.zeros(vocab, dtype=torch.int64)
         self.logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0))
 
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + self.d2t[ids]
+    def target_ids(self) -> torch.Tensor:
+        return self.d2t + torch.arange(self.d2t.shape[0])
 
     def __call__(self, tok: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
                  attn: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,6 +47,31 @@ def valid_distribution(p: torch.Tensor) -> bool:
     return bool(torch.isfinite(p).all()) and bool((p >= 0).all()) and float(p.sum()) > 0.0
 
 
+# argmax_rows: rows of a CPU tensor are reduced in blocks of this many columns when there are at
+# least ARGMAX_BLOCK_ROWS of them (measured on the 2-core EPYC, 8192 columns: 16 rows 110 -> 30
+# µs, 64 rows 330 -> 70 µs; one row is faster plainly, 7 vs 15 µs)
+ARGMAX_BLOCK = 128
+ARGMAX_BLOCK_ROWS = 4
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)``, the same ids (ties → the lowest; a NaN counts as the largest).
+
+    On the CPU torch's argmax walks each row element by element, while ``amax`` is vectorised:
+    so take the block holding each row's maximum (the first such block, by the maxima of
+    ``ARGMAX_BLOCK`` columns) and the first maximum inside it. Exactly ``argmax``: the first
+    block whose maximum is the row's holds the row's first maximum."""
+    v = x.shape[-1]
+    rows = x.numel() // v if v else 0
+    if (x.device.type != "cpu" or rows < ARGMAX_BLOCK_ROWS or v % ARGMAX_BLOCK
+            or not x.is_contiguous()):
+        return x.argmax(-1)
+    xb = x.view(rows, v // ARGMAX_BLOCK, ARGMAX_BLOCK)
+    blk = xb.amax(-1).argmax(-1, keepdim=True)  # (R, 1)
+    inner = xb.gather(1, blk.unsqueeze(-1).expand(rows, 1, ARGMAX_BLOCK)).view(rows, -1)
+    return (blk * ARGMAX_BLOCK + inner.argmax(-1, keepdim=True)).view(x.shape[:-1])
+
+
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
                 generators: list[torch.Generator | None],
                 errors: dict[int, str] | None = None) -> torch.Tensor:
@@ -55,7 +80,7 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     A sampled row whose probabilities are not a distribution gets its argmax and an entry
     ``errors[row]`` naming the problem (when ``errors`` is given; else RuntimeError): the caller
     fails that request alone."""
-    out = logits.argmax(-1)
+    out = argmax_rows(logits)
     for i, (sp, g) in enumerate(zip(params, generators, strict=True)):
         if sp.greedy:
             continue

@@ -91,6 +91,11 @@ def test_public_layout_loads_and_runs(tmp_path: Path, target_folder: Path) -> No
     torch.testing.assert_close(draft.embed.weight, tensors["embed_tokens.weight"].float())
     torch.testing.assert_close(draft.draft_to_target(torch.arange(VD)),
                                tensors["t2d"].nonzero().flatten())
+    # the drafter's whole-vocab table: the same ids, rebuilt when d2t is written in place
+    assert draft.target_ids().tolist() == draft.draft_to_target(torch.arange(VD)).tolist()
+    with torch.no_grad():
+        draft.d2t[0] += 1
+    assert draft.target_ids()[0] == draft.draft_to_target(torch.tensor([0]))[0]
 
     b, t = 2, 7
     taps = torch.randn(b, t, 3 * DT)

@@ -33,8 +33,9 @@ class FakeDraft:
         self.config = SimpleNamespace(num_attention_heads=1)
         self.calls: list[dict[str, object]] = []
 
-    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids + D2T
+    def target_ids(self) -> torch.Tensor:
+        """Every draft id's target id (a table longer than any vocab these tests use)."""
+        return torch.arange(1 << 14) + D2T
 
     def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                  attn: object) -> tuple[torch.Tensor, torch.Tensor]:

@@ -577,3 +577,36 @@ def test_trace_overhead_bench_runs_and_restores_the_engine(micro_target: Path,
     with pytest.raises(ValueError, match="no tracer"), wb.trace(engine):
         run_trace_overhead(engine, prompts()[:1], batch_sizes=(1,), repeats=1)
     engine.close()
+
+
+def test_events_nobody_records_are_never_built(micro_target: Path, trained_head: Path,  # noqa: F811
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tracer keeping only StepTiming pays for no DraftStep / TreeBuilt / Verified (their
+    tensor → list conversions are a large share of a step); a hook on one kind builds that kind
+    alone; the outputs are the same either way."""
+    built: Counter[str] = Counter()
+    for cls in (DraftStep, TreeBuilt, Verified, StepTiming, PolicyDecision):
+        orig = cls.of
+
+        def counting(*a: Any, _orig: Any = orig, _name: str = cls.__name__, **k: Any) -> Any:
+            built[_name] += 1
+            return _orig(*a, **k)
+
+        monkeypatch.setattr(cls, "of", counting)
+    engine = make_engine(micro_target, trained_head)
+    try:
+        with wb.trace(engine, events=["StepTiming"]) as rec:
+            only_timing = drive(engine, make_spec("always"), rec)
+        assert built["StepTiming"] > 0 and rec.events
+        assert all(isinstance(e, StepTiming) for e in rec.events)
+        assert built["DraftStep"] == built["TreeBuilt"] == built["Verified"] == 0
+        assert built["PolicyDecision"] == 0
+        seen: list[Event] = []
+        handle = engine.hooks.register(seen.append, ["Verified"])
+        hooked = drive(engine, make_spec("always"))
+        engine.hooks.unregister(handle)
+        assert built["Verified"] > 0 and seen and all(isinstance(e, Verified) for e in seen)
+        assert built["DraftStep"] == built["TreeBuilt"] == 0
+        assert only_timing.tokens == hooked.tokens
+    finally:
+        engine.close()

@@ -1,10 +1,11 @@
 """What instrumentation costs: tok/s with tracing in three states, interleaved in one run.
 
 * ``no_hooks`` — the reference, "a build without hooks": ``engine.trace`` is swapped for
-  :class:`NoHooks`, whose ``enabled`` is a plain ``False`` class attribute (the cheapest check
-  an ``if self.trace.enabled:`` guard can make);
-* ``default`` — the engine as shipped with no tracer: its Dispatcher's ``enabled`` property
-  (tracer disabled, no hooks);
+  :class:`NoHooks`, whose ``enabled`` is a plain ``False`` class attribute and whose ``wants``
+  returns False at once (the cheapest checks an ``if self.trace.enabled:`` /
+  ``if self.trace.wants(Kind):`` guard can make);
+* ``default`` — the engine as shipped with no tracer: its Dispatcher's ``enabled`` property and
+  ``wants`` method (tracer disabled, no hooks);
 * ``recording`` — every event recorded by ``wb.trace(engine)``.
 
 Goals: ``default`` within 1% of ``no_hooks``, ``recording`` within 10%.
@@ -14,9 +15,9 @@ Columns, all against ``no_hooks``:
   repeats of the paired ratio (same repeat, arm, batch);
 * ``cpu_overhead_pct`` — extra CPU time of this process (``time.process_time``): on a CPU-only
   run it is what tracing adds, and other processes on the machine barely move it;
-* ``guard_est_pct`` (``default`` only) — noise-free estimate: ``enabled`` checks per step x the
-  extra cost of one Dispatcher check over a class-attribute check (timed in isolation) / the
-  CPU time of a ``no_hooks`` step.
+* ``guard_est_pct`` (``default`` only) — noise-free estimate: per step, ``enabled`` and
+  ``wants`` checks x the extra cost of each Dispatcher check over the ``NoHooks`` one (timed in
+  isolation) / the CPU time of a ``no_hooks`` step.
 
 On a shared or loaded machine wall-time noise can exceed the 1% goal many times over.
 
@@ -59,6 +60,9 @@ class NoHooks:
     def emit(self, event: object) -> None:
         """Drop ``event``."""
 
+    def wants(self, *kinds: object) -> bool:
+        return False
+
 
 @contextmanager
 def _mode(engine: Engine, mode: str) -> Iterator[Any]:
@@ -80,39 +84,47 @@ def _mode(engine: Engine, mode: str) -> Iterator[Any]:
 
 
 class _CountingNoHooks:
-    """``NoHooks`` that counts how often the engine reads ``enabled``."""
+    """``NoHooks`` that counts how often the engine reads ``enabled`` and calls ``wants``."""
 
     def __init__(self) -> None:
         self.checks = 0
+        self.wants_checks = 0
 
     @property
     def enabled(self) -> bool:
         self.checks += 1
         return False
 
+    def wants(self, *kinds: object) -> bool:
+        self.wants_checks += 1
+        return False
+
     def emit(self, event: object) -> None:
         """Drop ``event``."""
 
 
-def _check_cost_ns(obj: Any, number: int = 200_000) -> float:
-    """Best-of-5 nanoseconds of one ``obj.enabled`` read."""
+def _check_cost_ns(obj: Any, stmt: str = "o.enabled", number: int = 200_000) -> float:
+    """Best-of-5 nanoseconds of one ``stmt`` (``o`` is ``obj``): a guard check."""
     import timeit
 
-    t = timeit.Timer("o.enabled", globals={"o": obj})
+    from workbench.trace.events import StepTiming
+
+    t = timeit.Timer(stmt, globals={"o": obj, "Kind": StepTiming})
     return min(t.repeat(5, number)) / number * 1e9
 
 
 def _checks_per_step(engine: Engine, batch: list[Any], sp: SamplingParams,
-                     spec: SpecConfig | None) -> float:
+                     spec: SpecConfig | None) -> tuple[float, float]:
+    """(``enabled`` reads, ``wants`` calls) per step."""
     dispatcher, counter = engine.trace, _CountingNoHooks()
     setattr(engine, "trace", counter)  # noqa: B010 (a stand-in, not a Dispatcher)
     try:
         s0 = engine.step_id
         engine.generate(batch, sp, spec=spec)
-        steps = engine.step_id - s0
+        steps = max(engine.step_id - s0, 1)
     finally:
         engine.trace = dispatcher
-    return counter.checks / max(steps, 1)
+    return counter.checks / steps, counter.wants_checks / steps
 
 
 def _check_untraced(engine: Engine) -> None:
@@ -166,13 +178,15 @@ def run_trace_overhead(engine: Engine, prompts: Sequence[Any], batch_sizes: Sequ
     df = pd.DataFrame(runs)
     # the guard's cost per read, in isolation: the Dispatcher property vs a class attribute
     check_ns = _check_cost_ns(engine.trace) - _check_cost_ns(NoHooks())
+    wants_ns = (_check_cost_ns(engine.trace, "o.wants(Kind)")
+                - _check_cost_ns(NoHooks(), "o.wants(Kind)"))
     rows = []
     for (arm, b), g in df.groupby(["arm", "batch_size"], sort=False):
         by_mode = {m: g[g["mode"] == m].sort_values("repeat") for m in MODES}
         ref = by_mode["no_hooks"]
         ref_tok_s = ref["tokens"].sum() / ref["seconds"].sum()
         ref_step_ns = ref["cpu_seconds"].sum() / ref["steps"].sum() * 1e9
-        checks = _checks_per_step(engine, batches[b], sp, arms[arm])
+        checks, wants_checks = _checks_per_step(engine, batches[b], sp, arms[arm])
         for mode in MODES:
             m = by_mode[mode]
             tok_s = m["tokens"].sum() / m["seconds"].sum()
@@ -185,14 +199,15 @@ def run_trace_overhead(engine: Engine, prompts: Sequence[Any], batch_sizes: Sequ
                 "overhead_median_pct": (statistics.median(paired) - 1.0) * 100.0,
                 "cpu_overhead_pct": (m["cpu_seconds"].sum() / ref["cpu_seconds"].sum() - 1.0)
                 * 100.0,
-                "guard_est_pct": checks * check_ns / ref_step_ns * 100.0
+                "guard_est_pct": (checks * check_ns + wants_checks * wants_ns)
+                / ref_step_ns * 100.0
                 if mode == "default" else float("nan"),
                 "goal_pct": GOAL_PCT.get(mode, float("nan")),
                 "same_tokens": all(a == b_ for a, b_ in zip(m["ids"], ref["ids"], strict=True)),
             })
     out = pd.DataFrame(rows)
     out.attrs.update(machine=machine_info(), max_new_tokens=max_new_tokens, prompts=len(plist),
-                     repeats=repeats, check_ns=check_ns)
+                     repeats=repeats, check_ns=check_ns, wants_ns=wants_ns)
     return out
 
 
@@ -203,7 +218,8 @@ def format_table(df: pd.DataFrame) -> str:
             f"{m.get('torch_threads')}, cuda {m.get('cuda')}), torch {m.get('torch')}; "
             f"prompts {df.attrs.get('prompts')}, max_new_tokens {df.attrs.get('max_new_tokens')}, "
             f"repeats {df.attrs.get('repeats')}, greedy; overheads vs no_hooks; one Dispatcher "
-            f"check costs {df.attrs.get('check_ns', float('nan')):.0f} ns more than NoHooks'")
+            f"enabled / wants check costs {df.attrs.get('check_ns', float('nan')):.0f} / "
+            f"{df.attrs.get('wants_ns', float('nan')):.0f} ns more than NoHooks'")
     body = df.to_string(index=False, float_format=lambda x: f"{x:.2f}")
     return f"{head}\n{body}"
 

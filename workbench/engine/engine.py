@@ -129,7 +129,7 @@ class Engine:
                       detail: str) -> None:
         seconds = time.perf_counter() - t0
         self.init_log.append((name, status, seconds))
-        if self.trace.enabled:
+        if self.trace.wants(ev.InitStage):
             self.trace.emit(ev.InitStage(t=time.perf_counter(), stage=name, status=status,
                                          seconds=seconds, detail=detail))
 
@@ -270,7 +270,7 @@ class Engine:
         req.draft.capable = self.spec is not None
         self.requests[rid] = req
         self.scheduler.add(req)
-        if self.trace.enabled:
+        if self.trace.wants(ev.RequestAdmitted):
             self.trace.emit(ev.RequestAdmitted(t=time.perf_counter(), rid=rid,
                                                prompt_len=len(ids),
                                                max_new_tokens=sp.max_new_tokens,

@@ -102,6 +102,6 @@ class KVPool:
 
         src, dst = src.to(self.k.device), dst.to(self.k.device)
         if self.v_shares_k:  # one pool: gather (a copy), then scatter
-            self.k[:, dst] = self.k[:, src]
+            self.k.index_copy_(1, dst, self.k.index_select(1, src))
             return
         compact_kv(self.k, self.v, src, dst)

@@ -134,7 +134,7 @@ class OutputProcessor:
         r.finish_reason = reason
         r.metrics.finished = time.perf_counter()
         self.scheduler.finish(r)
-        if self.trace.enabled:
+        if self.trace.wants(ev.RequestFinished):
             m = r.metrics
             self.trace.emit(ev.RequestFinished(
                 t=time.perf_counter(), rid=r.rid, reason=reason, prompt_len=len(r.prompt_ids),

@@ -229,8 +229,8 @@ class ModelRunner:
         self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
         result = self.target(batch.tokens, batch.positions, self.attn,
                              self.aux_layers if batch.want_aux else ())
-        if self.trace is not None and self.trace.enabled and isinstance(self.target,
-                                                                        MoeForCausalLM):
+        if self.trace is not None and self.trace.wants(ev.ExpertRouting) and isinstance(
+                self.target, MoeForCausalLM):
             self.emit_routing(batch, self.target)
         return result
 

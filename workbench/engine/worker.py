@@ -125,7 +125,7 @@ class EagleWorker:
             r.draft.logits = logits[i]
             r.draft.hidden = out[end]
             r.draft.consumed(r.kv_len)
-        if self.trace.enabled:  # after the state it describes (tracer.py: hook policy)
+        if self.trace.wants(ev.DraftExtended):  # after the state it describes (hook policy)
             self.trace.emit(ev.DraftExtended(
                 t=time.perf_counter(), step=self.step_id, rids=[r.rid for r in todo],
                 rows=q_lens, holes=[[[s, e] for s, e in r.draft.holes] for r in todo]))
@@ -161,7 +161,7 @@ class EagleWorker:
                 elif r.sample_after_prefill:
                     self._sample_first(r, runner.logits(rows[n - 1 :]), outputs)
         self.extend([r for r in done if r.draft.capable and not r.finished], speculating=False)
-        if self.trace.enabled:
+        if self.trace.wants(ev.Prefill):
             self.trace.emit(ev.Prefill(t=time.perf_counter(), rids=[r.rid for r in reqs],
                                        num_tokens=batch.num_tokens,
                                        chunked=any(r.in_prefill for r in reqs),
@@ -292,7 +292,7 @@ class EagleWorker:
         assert runner.draft is not None and pool is not None
         assert pool.dk is not None and pool.dv is not None
         dev = runner.device
-        on_step = self._trace_draft_step(reqs) if self.trace.enabled else None
+        on_step = self._trace_draft_step(reqs) if self.trace.wants(ev.DraftStep) else None
         return draft_tree(
             runner.draft, _stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
             _stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
@@ -334,31 +334,34 @@ class EagleWorker:
         tokens = tree.tokens.tolist()
         for i, r, m, path in ok:
             new = [tokens[i][p] for p in path[1:]] + [bonus[i]]
-            if self.trace.enabled:
+            if self.trace.wants(ev.TreeBuilt, ev.Verified):
                 self._trace_verify(r, tree, i, res, logits[i], new)
             cut = out.cut(r, new)  # a stop or max_new_tokens may end the block early
             self._record_accept(r, min(m, cut.keep), cut.keep, n - 1)
             r.kv_len += m + 1
-            rows = res.accept_index[i, : m + 1]
-            r.draft.keep_feats(aux[i, rows])
+            rows = res.accept_index[i, : m + 1]  # index_select: a third of aux[i, rows]'s µs
+            r.draft.keep_feats(aux[i].index_select(0, rows))
             out.append_tokens(r, new, [True] * m + [False], outputs, cut)
             if r.logprobs is not None:  # the verify logits along the accepted path
-                out.add_output_logprobs(r, logits[i, rows])
+                out.add_output_logprobs(r, logits[i].index_select(0, rows))
             if not r.finished:
                 pool.trim(r.blocks, r.kv_len + 1)
                 keep.append(r)
         return keep
 
-    def _score_temperatures(self, reqs: list[Request]) -> torch.Tensor | None:
+    def _score_temperatures(self, reqs: list[Request]) -> torch.Tensor | float | None:
         """Greedy requests rank tree nodes with the head's calibration temperature (the draft
         is trained to the target's distribution, greedy verification accepts its argmax: a
-        sharper score puts deep likely nodes before shallow unlikely ones); sampled ones 1."""
+        sharper score puts deep likely nodes before shallow unlikely ones); sampled ones 1.
+        One float when every request has the same (None: all 1), else one per request."""
         assert self.runner.draft is not None
         t = self.runner.draft.config.greedy_score_temperature
-        if t == 1.0:
+        greedy = [r.sampling.greedy for r in reqs]
+        if t == 1.0 or not any(greedy):
             return None
-        return torch.tensor([t if r.sampling.greedy else 1.0 for r in reqs],
-                            device=self.runner.device)
+        if all(greedy):
+            return float(t)
+        return torch.tensor([t if g else 1.0 for g in greedy], device=self.runner.device)
 
     def _accept(self, reqs: list[Request], tree: DraftTree,
                 logits: torch.Tensor) -> VerifyResult:
@@ -403,16 +406,20 @@ class EagleWorker:
 
     def _trace_step(self, d: Decision, batch: int, mode: Literal["plain", "spec"],
                     phases: dict[str, float], total: float) -> None:
-        now, step = time.perf_counter(), self.step_id
-        self.trace.emit(ev.PolicyDecision.of(step, batch, d, total, now))
-        self.trace.emit(ev.StepTiming.of(step, batch, mode, phases, total, now))
+        now, step, tr = time.perf_counter(), self.step_id, self.trace
+        if tr.wants(ev.PolicyDecision):
+            tr.emit(ev.PolicyDecision.of(step, batch, d, total, now))
+        if tr.wants(ev.StepTiming):
+            tr.emit(ev.StepTiming.of(step, batch, mode, phases, total, now))
+        if not tr.wants(ev.KVUsage):
+            return
         pool, sched = self.runner.pool, self.out.scheduler
         assert pool is not None and sched is not None
         # only running requests hold KV (waiting ones have kv_len 0); self.requests keeps every
         # request not yet released, so summing over it would grow with the engine's lifetime
-        self.trace.emit(ev.KVUsage(t=now, step=step, used_blocks=pool.used_blocks,
-                                   total_blocks=pool.num_blocks,
-                                   used_tokens=sum(r.kv_len for r in sched.running)))
+        tr.emit(ev.KVUsage(t=now, step=step, used_blocks=pool.used_blocks,
+                           total_blocks=pool.num_blocks,
+                           used_tokens=sum(r.kv_len for r in sched.running)))
 
     # -- tracing helpers (only called when a tracer or hook is active) -------------------------
     def _trace_draft_step(self, reqs: list[Request]) -> Callable[..., None]:
@@ -427,8 +434,10 @@ class EagleWorker:
     def _trace_verify(self, r: Request, tree: DraftTree, i: int, res: VerifyResult,
                       logits: torch.Tensor, new: list[int]) -> None:
         now = time.perf_counter()
-        self.trace.emit(ev.TreeBuilt.of(self.step_id, r.rid, tree, i, now))
-        self.trace.emit(ev.Verified.of(self.step_id, r.rid, tree, i, res, logits, new, now))
+        if self.trace.wants(ev.TreeBuilt):
+            self.trace.emit(ev.TreeBuilt.of(self.step_id, r.rid, tree, i, now))
+        if self.trace.wants(ev.Verified):
+            self.trace.emit(ev.Verified.of(self.step_id, r.rid, tree, i, res, logits, new, now))
 
 
 def _stack(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -266,9 +266,11 @@ def check_compact_kv_values(src_slots: torch.Tensor, dst_slots: torch.Tensor, sl
     """Slots in [0, S) and destinations distinct (reads values)."""
     if src_slots.numel() == 0:
         return
-    for name, x in (("src_slots", src_slots), ("dst_slots", dst_slots)):
-        lo, hi = int(x.min()), int(x.max())
+    # one read of each (M is a tree's accepted nodes: a handful), checked on host ints
+    dst = dst_slots.tolist()
+    for name, xs in (("src_slots", src_slots.tolist()), ("dst_slots", dst)):
+        lo, hi = min(xs), max(xs)
         _need(0 <= lo and hi < slots,
               f"{name} must be slot ids in [0, S = {slots}), got range [{lo}, {hi}]")
-    _need(torch.unique(dst_slots).numel() == dst_slots.numel(),
+    _need(len(set(dst)) == len(dst),
           "dst_slots must be distinct (two copies into one slot have no defined winner)")

@@ -250,4 +250,6 @@ def compact_kv(
     _, slots, _ = check_compact_kv_args(k_pool, v_pool, src_slots, dst_slots)
     check_compact_kv_values(src_slots, dst_slots, slots)
     for pool in (k_pool, v_pool):
-        pool[:, dst_slots] = pool[:, src_slots]  # the right side is a gathered copy
+        # gather (a copy), then scatter; index_select/index_copy_ rather than pool[:, dst] =
+        # pool[:, src]: the same copies at 6 vs 150 µs for a few rows of an 18-layer pool
+        pool.index_copy_(1, dst_slots, pool.index_select(1, src_slots))

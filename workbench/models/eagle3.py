@@ -202,6 +202,7 @@ class Eagle3Draft(nn.Module):
         self.embed: nn.Embedding | None = embed
         self.gemm = "dense"
         self._fast: dict[str, Any] | None = None  # set by fuse()
+        self._target_ids: tuple[Any, torch.Tensor] | None = None  # target_ids()' table
 
     def set_embedding(self, embed: nn.Embedding) -> None:
         if embed.weight.shape[1] != self.config.hidden_size:
@@ -212,6 +213,15 @@ class Eagle3Draft(nn.Module):
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
+
+    def target_ids(self) -> torch.Tensor:
+        """(Vd,) the target id of every draft id (``draft_to_target`` of them all), built once
+        per ``d2t`` (rebuilt when it is replaced or written in place, e.g. a new checkpoint)."""
+        key = (self.d2t.data_ptr(), self.d2t._version, self.d2t.device)
+        if self._target_ids is None or self._target_ids[0] != key:
+            ids = torch.arange(self.d2t.shape[0], device=self.d2t.device)
+            self._target_ids = (key, self.draft_to_target(ids))
+        return self._target_ids[1]
 
     def fuse_features(self, aux: torch.Tensor) -> torch.Tensor:
         """aux: (..., 3·Dt) target taps → (..., D) (differentiable: training)."""

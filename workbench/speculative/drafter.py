@@ -24,21 +24,25 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
                prefix_slots: list[torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
                num_steps: int, topk: int, num_draft_tokens: int,
                on_step: object = None,
-               score_temperature: torch.Tensor | None = None) -> DraftTree:
+               score_temperature: torch.Tensor | float | None = None) -> DraftTree:
     """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,);
     prefix_slots: per request the draft-pool slots of positions [0, n). Returns the tree
     (target-vocab ids). ``on_step(depth, tokens (B, K), probs (B, K), parents (B, K))`` is
     called per step when given (tracing). ``score_temperature`` (B,) divides each request's
     draft logits before they score and rank nodes (calibration, see
     ``Eagle3Config.greedy_score_temperature``); the tree's scores and draft probs are the
-    calibrated ones. None: 1."""
+    calibrated ones. A float: every request's (one scalar multiply per step). None: 1."""
     b = logits0.shape[0]
     k = topk
     dev = logits0.device
     c = _constants(b, k, num_steps, dev)
     # draft id → target id as one table lookup per step (the same ids, one op instead of two)
-    to_target = draft.draft_to_target(c.vocab_ids(logits0.shape[-1]))
-    inv_t = None if score_temperature is None else (1.0 / score_temperature.float()).view(b, 1)
+    to_target = draft.target_ids()
+    inv_t: torch.Tensor | float | None = None
+    if isinstance(score_temperature, float):
+        inv_t = 1.0 / score_temperature
+    elif score_temperature is not None:
+        inv_t = (1.0 / score_temperature.float()).view(b, 1)
     logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
     f_ids, f_scores, f_lp = expand(c.zeros_b1, logp.unsqueeze(1), k)  # (B, K)
     c_tok = to_target[f_ids]
@@ -51,11 +55,12 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
     anc = c.eye
-    inv_t3 = None if inv_t is None else inv_t.unsqueeze(-1)
-    pos = (root_pos - 1).repeat_interleave(k)  # each frontier node's position is pos0 + step
+    inv_t3 = inv_t.unsqueeze(-1) if isinstance(inv_t, torch.Tensor) else inv_t
+    # each frontier node's position is the root's + step − 1 (one request: a view of it)
+    pos0 = root_pos.expand(k) if b == 1 else root_pos.repeat_interleave(k)
     for step in range(1, num_steps):
         attn.set_frontier(anc)
-        pos = pos + 1
+        pos = pos0 if step == 1 else pos0 + (step - 1)
         logits, out = draft(f_tok.flatten(), hidden, pos, attn)
         logits = logits.view(b, k, -1)
         if inv_t3 is not None:
@@ -96,12 +101,6 @@ class _Consts:
         self.first = torch.arange(k, device=dev).expand(b, k)
         self.offsets = [torch.tensor([k + s * k * k for s in range(m) for _ in range(k)],
                                      dtype=torch.int64, device=dev) for m in range(num_steps)]
-        self._vocab: torch.Tensor | None = None
-
-    def vocab_ids(self, v: int) -> torch.Tensor:
-        if self._vocab is None or self._vocab.shape[0] != v:
-            self._vocab = torch.arange(v, device=self.dev)
-        return self._vocab
 
 
 _CONSTS: dict[Hashable, _Consts] = {}

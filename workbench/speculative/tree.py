@@ -22,7 +22,9 @@ def expand(frontier_scores: torch.Tensor, logp: torch.Tensor,
            k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """frontier_scores (B, F), logp (B, F, Vd) → child draft ids (B, F·K), scores (B, F·K),
     child log-probs (B, F·K). Children of frontier f occupy columns [f·K, (f+1)·K)."""
-    lp, ids = torch.topk(logp.clamp(max=0.0), k, dim=-1)  # (B, F, K)
+    # clamped after the top-k (the same picks: at most one log-prob of a row can round above 0)
+    lp, ids = torch.topk(logp, k, dim=-1)  # (B, F, K)
+    lp = lp.clamp(max=0.0)
     scores = frontier_scores.unsqueeze(-1) + lp
     return ids.flatten(1), scores.flatten(1), lp.flatten(1)
 

@@ -31,7 +31,7 @@ import torch
 
 from workbench import kernels
 from workbench.core import DraftTree, Request, VerifyResult
-from workbench.sampler import process_probs, valid_distribution
+from workbench.sampler import argmax_rows, process_probs, valid_distribution
 
 
 def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request],
@@ -75,7 +75,7 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
 def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     """target_logits (B, N, V) → longest path whose tokens equal the target's argmax at the
     parent, then the bonus = argmax at the last accepted node."""
-    predict = target_logits.argmax(-1)  # (B, N)
+    predict = argmax_rows(target_logits)  # (B, N)
     idx, n_acc, bonus = kernels.greedy_accept(tree.tokens, tree.parents, predict)
     return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict)
 

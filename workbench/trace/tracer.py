@@ -65,12 +65,24 @@ def resolve_event_types(event_types: EventTypes) -> tuple[type[Event], ...]:
 
 @runtime_checkable
 class Tracer(Protocol):
-    """What the engine talks to. Check ``enabled`` before building an event; then ``emit`` it."""
+    """What the engine talks to. Check ``enabled`` before building an event; then ``emit`` it.
+
+    A tracer may also define ``wants(kind) -> bool`` (is an event of this class recorded?):
+    the engine then skips building the events it would drop (building some, e.g. ``Verified``
+    with its target probabilities, costs a large share of a step). Without it: every kind."""
 
     @property
     def enabled(self) -> bool: ...
 
     def emit(self, event: Event) -> None: ...
+
+
+def tracer_wants(tracer: Tracer, kind: type[Event]) -> bool:
+    """Does ``tracer`` record events of ``kind``? (its ``wants``; else whenever enabled)"""
+    if not tracer.enabled:
+        return False
+    wants = getattr(tracer, "wants", None)
+    return True if wants is None else bool(wants(kind))
 
 
 class NullTracer:
@@ -81,6 +93,9 @@ class NullTracer:
 
     def emit(self, event: Event) -> None:
         """Drop ``event``."""
+
+    def wants(self, kind: type[Event]) -> bool:
+        return False
 
     def __repr__(self) -> str:
         return "NullTracer()"
@@ -107,6 +122,10 @@ class RecordingTracer:
         """Append ``event`` if it passes the type filter."""
         if self.types is None or isinstance(event, self.types):
             self.events.append(event)
+
+    def wants(self, kind: type[Event]) -> bool:
+        """Would an event of ``kind`` be kept (the type filter)?"""
+        return self.types is None or issubclass(kind, self.types)
 
     def of(self, event_type: type[Event] | str) -> list[Event]:
         """The recorded events of one type (class or class name)."""
@@ -150,6 +169,9 @@ class MultiTracer:
         for t in self.tracers:
             if t.enabled:
                 t.emit(event)
+
+    def wants(self, kind: type[Event]) -> bool:
+        return any(tracer_wants(t, kind) for t in self.tracers)
 
     def __repr__(self) -> str:
         return f"MultiTracer{self.tracers!r}"
@@ -222,6 +244,10 @@ class Hooks:
         """Remove a hook; True if it was registered (unregistering twice is harmless)."""
         return self._hooks.pop(handle.id, None) is not None
 
+    def wants(self, kind: type[Event]) -> bool:
+        """Would any registered hook be called with an event of ``kind``?"""
+        return any(h.types is None or issubclass(kind, h.types) for h in self._hooks.values())
+
     def dispatch(self, event: Event) -> None:
         """Call every matching hook with ``event``; a raising hook is isolated (module doc)."""
         # iterate over a snapshot: hooks may (un)register hooks, including themselves
@@ -272,6 +298,13 @@ class Dispatcher:
     @property
     def enabled(self) -> bool:
         return self.tracer.enabled or bool(self.hooks._hooks)
+
+    def wants(self, *kinds: type[Event]) -> bool:
+        """Is an event of any of ``kinds`` recorded or hooked? Check it before building events
+        that cost real work (tensor → list conversions); ``enabled`` says whether any is."""
+        if not self.hooks._hooks and not self.tracer.enabled:  # the default: nothing listens
+            return False
+        return any(tracer_wants(self.tracer, k) or self.hooks.wants(k) for k in kinds)
 
     def emit(self, event: Event) -> None:
         """Record ``event``, then run the hooks (a fatal hook's HookFailed propagates)."""
