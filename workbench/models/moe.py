@@ -7,9 +7,13 @@ or ``experts.{e}.gate_proj/up_proj/down_proj``, ``gate.e_score_correction_bias``
 
 The forward runs only the experts some token was routed to: tokens are sorted by expert, and
 each touched expert runs one gate/up GEMM and one down GEMM over its rows (a decode step at
-bs=1 and top-k touches k experts per layer; a verify of N tokens up to min(E, N·k)). After
-:meth:`SparseMoe.fuse`, the experts' weights live in two stacked tensors (the per-expert
-parameters are views of them) so one expert's GEMM is a slice, not a module call.
+bs=1 and top-k touches k experts per layer; a verify of N tokens up to min(E, N·k)); the
+outputs are weighted and scattered back to their tokens once per layer. One token (a bs=1
+decode step) takes a shorter path: its k experts in turn, each down GEMM accumulating into the
+residual with the routing weight as the GEMM's scale, and no bincount unless the coverage
+record is read. After :meth:`SparseMoe.fuse`, the experts' weights live in two stacked tensors
+(the per-expert parameters are views of them) so one expert's GEMM is a plain ``mm`` on a
+view, not a module call.
 """
 
 from __future__ import annotations
