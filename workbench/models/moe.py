@@ -57,7 +57,8 @@ def route(logits: torch.Tensor, spec: MoeSpec,
     renormalised if ``norm_topk_prob``, times ``routed_scaling_factor``."""
     if spec.scoring == "softmax" and spec.norm_topk_prob:
         # renormalised top-k of softmax(logits) == softmax of the top-k logits (3 ops, not 5)
-        top, idx = torch.topk(logits.float(), spec.top_k, dim=-1)
+        top, idx = torch.topk(logits if logits.dtype == torch.float32 else logits.float(),
+                              spec.top_k, dim=-1)
         return torch.softmax(top, dim=-1), idx
     if spec.scoring == "softmax":
         probs = torch.softmax(logits.float(), dim=-1)
@@ -211,7 +212,7 @@ class SparseMoe(nn.Module):
         else:
             out = torch.zeros_like(x) if residual is None else residual
         mm = self.mm_weights
-        for ex, wk in zip(idx[0].tolist(), w[0].tolist(), strict=True):  # k host reads
+        for ex, wk in zip(idx.tolist()[0], w.tolist()[0], strict=True):  # k host reads
             gu, dn = mm[ex]
             g, u = torch.mm(x, gu).chunk(2, dim=-1)
             out = torch.addmm(out, F.silu(g) * u, dn, alpha=wk)
