@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pandas as pd
 import pytest
 
+import workbench as wb
 from workbench.__main__ import main
 from workbench.bench import load
 from workbench.errors import ConfigError
@@ -92,3 +95,30 @@ def test_bench_load_cli(micro_target: Path, random_head: Path, tmp_path: Path,
     assert "conditions" in doc and doc["conditions"]["choices"]
     table = pd.read_csv(out / "load.csv")
     assert set(table["condition"]) == {"alone", "competing"}
+
+
+def test_which_arm_goes_first_alternates_and_losslessness_holds_either_way() -> None:
+    """A phase's start (the engine noticing the competitor) must not always fall on the
+    baseline: the first arm alternates by prompt and by repeat; every arm is still compared
+    with the baseline's tokens, also when it ran first."""
+    calls: list[str] = []
+    spec = wb.SpecConfig(num_steps=2, topk=1)
+
+    class Fake:
+        def generate(self, prompts: list[Any], sp: object, spec: object = None) -> list[Any]:
+            arm = "baseline" if spec is None else "eagle3"
+            calls.append(arm)
+            wrong = arm == "eagle3" and prompts[0] == [3]  # one prompt's drafts disagree
+            return [SimpleNamespace(token_ids=[9] if wrong else [1, 2])]
+
+    arms: dict[str, wb.SpecConfig | None] = {"baseline": None, "eagle3": spec}
+    sp = wb.SamplingParams(max_new_tokens=2)
+    rows = load._phase(Fake(), [[1], [2], [3]], arms, sp, 0, "alone",  # type: ignore[arg-type]
+                       repeat=0)
+    assert calls == ["baseline", "eagle3", "eagle3", "baseline", "baseline", "eagle3"]
+    assert [(r["prompt"], r["arm"], r["lossless"]) for r in rows] == [
+        (0, "baseline", True), (0, "eagle3", True), (1, "baseline", True),
+        (1, "eagle3", True), (2, "baseline", True), (2, "eagle3", False)]
+    calls.clear()
+    load._phase(Fake(), [[1]], arms, sp, 1, "competing", repeat=1)  # type: ignore[arg-type]
+    assert calls == ["eagle3", "baseline"]

@@ -103,3 +103,34 @@ def test_monitor_pins_fewer_threads_to_the_free_core_and_unpins_when_quiet(
         assert (q.cpus, m.cpus) == (None, None) and affinity.current() is None
     finally:
         torch.set_num_threads(before)
+
+
+def test_monitor_moves_off_a_core_a_neighbour_took(
+        spinner: int, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread pinned where a neighbour now spins while the other core is free (the
+    neighbour moved in after the pin): the next look re-places the thread on the free core —
+    at one thread there is nothing to re-time, only where to run."""
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = ContentionMonitor(2, lambda: {"p": lambda: None})
+        m.cpus = affinity.pin(1, [spinner])  # a stale pin: the neighbour's core
+        machine_conditions["others"] = 1.0
+        m._sample = start = contention.cpu_sample()
+        t_end = time.perf_counter() + 0.4
+        while time.perf_counter() < t_end:  # our own work, on the neighbour's core
+            pass
+        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
+        end = contention.cpu_sample()
+        assert start is not None and end is not None and start.cpus and end.cpus
+        if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > 0.5:
+            pytest.skip("another process runs on the free core: no stale pin to stage")
+        a = m.check()
+        assert a is not None and "others on our core" in a.reason
+        assert (a.after, m.cpus) == (1, free) and affinity.current() == free
+    finally:
+        affinity.pin(2, None)
+        torch.set_num_threads(before)

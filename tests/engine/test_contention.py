@@ -3,6 +3,7 @@ step-time monitor that re-measures it while the engine runs, and outputs unchang
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,8 +119,50 @@ def test_monitor_backs_off_when_the_measurement_confirms(
     machine_conditions["others"] = 0.6
     a = m.check()
     assert a is not None and (a.before, a.after) == (2, 2)
-    assert m._next_check - time.perf_counter() > contention.BACKOFF_S[0]
-    assert m.observe("plain", 1, 5.0) is None  # not looked at again before the back-off
+    assert m._backoff > contention.BACKOFF_S[0]
+    # the next looks come as usual, but the same machine is not measured again yet
+    assert m.check() is None and len(m.log) == 1
+    m._next_check = 0.0
+    assert m.observe("plain", 1, 5.0) is None and len(m.log) == 1
+
+
+def test_a_changed_machine_is_measured_again_inside_the_back_off(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The back-off is for a machine that keeps confirming one choice: a neighbour that takes
+    a whole core more is a new machine, measured at the next look (seen: 8 s per prompt at two
+    collapsing threads while a 60 s back-off from earlier confirmations held the monitor)."""
+    answers = {2: {"p": 10.0}, 1: {"p": 10.0}}
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: {n: answers[n] for n in cands})
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    machine_conditions["others"] = 0.4
+    for _ in range(3):  # confirmations: the back-off grows
+        m._last_adapt = -math.inf
+        assert m.check() is not None
+    assert m._backoff >= 4 * contention.BACKOFF_S[0] and torch.get_num_threads() == 2
+    machine_conditions["others"] = 1.0
+    answers[1] = {"p": 2.0}
+    a = m.check()
+    assert a is not None and (a.before, a.after) == (2, 1)
+
+
+def test_crowded_reads_a_stale_pin_from_per_cpu_counters() -> None:
+    """Pinned to CPU 0: others' use there = all others' use less the busy time of the CPUs we
+    may not run on; stale when that is a third of a core and another of ours is half idle."""
+    home = sorted(contention.affinity.HOME or ())
+    if len(home) < 2:
+        pytest.skip("needs two CPUs")
+    c0, c1 = home[0], home[1]
+    crowded, t = contention.affinity.crowded, contention.OTHERS_CORES
+    zero = dict.fromkeys(home, 0.0)
+    # over 1 s, c0 was busy throughout, half ours and half a neighbour's; c1 idle → stale
+    assert crowded(zero, {**zero, c0: 1.0}, 1.0, [c0], t, others_s=0.5)
+    # the neighbour on c1 (where we cannot run): not our problem
+    assert not crowded(zero, {**zero, c0: 1.0, c1: 0.9}, 1.0, [c0], t, others_s=0.9)
+    assert not crowded(zero, {**zero, c0: 1.0}, 1.0, None, t, others_s=0.5)  # not pinned
+    assert not crowded(zero, {**zero, c0: 0.03}, 0.03, [c0], t, others_s=0.01)  # unresolved
 
 
 def test_monitor_at_one_thread_on_a_busy_machine_does_not_thrash(
@@ -318,3 +361,30 @@ def test_one_step_far_over_its_calibration_asks_the_machine_at_once(
     m._next_check = time.perf_counter() + 3600.0
     a = m.observe("spec", 1, 31.0)
     assert a is not None and (a.before, a.after) == (2, 1) and "other processes" in a.reason
+
+
+def test_a_machine_seen_recently_is_recalled_not_re_timed(
+        threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neighbour that comes and goes: the second time the machine looks as it did a moment
+    ago, the earlier timings decide at once (re-timing stalls the engine ~0.3-0.6 s); a machine
+    unlike any recent one, or one seen longer ago than RECALL_S, is timed."""
+    timed: list[tuple[int, ...]] = []
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: timed.append(cands) or {n: {"p": 1.0 if n == 1 else 9.0}
+                                                          for n in cands})
+    monkeypatch.setattr(contention.affinity, "quiet_cpus", lambda: None)  # no look, no pin
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    busy, quiet = (Conditions(2, 1.0, others=o, steal=0.0, load1=1.0) for o in (1.0, 0.0))
+    a = m.adapt(busy, "a neighbour")
+    assert not a.recalled and a.after == 1 and len(timed) == 1
+    m.adapt(quiet, "quiet again")
+    assert len(timed) == 2
+    b = m.adapt(Conditions(2, 1.0, others=0.9, steal=0.0, load1=1.0), "a neighbour")
+    assert b.recalled and b.after == 1 and len(timed) == 2 and "as timed" in b.reason
+    assert b.timings_ms == a.timings_ms
+    m.adapt(Conditions(2, 1.0, others=0.6, steal=0.0, load1=1.0), "half a neighbour")
+    assert len(timed) == 3  # unlike any recent machine: timed
+    for x in m.log:
+        x.t -= contention.RECALL_S + 1
+    assert not m.adapt(busy, "a neighbour").recalled and len(timed) == 4

@@ -2,8 +2,9 @@
 
 A researcher's machine is rarely idle. This benchmark makes the contention itself: it starts a
 busy loop pinned (``sched_setaffinity``) to the last core this process may use, runs the
-baseline and EAGLE-3 at bs=1 (interleaved per prompt, outputs compared token for token), stops
-the competitor (whatever happens: a ``finally``, terminate then kill), and alternates phases
+baseline and EAGLE-3 at bs=1 (interleaved per prompt, the first of the two alternating, outputs
+compared token for token), stops the competitor (whatever happens: a ``finally``, terminate
+then kill), and alternates phases
 ``alone, competing`` ``repeats`` times, so both conditions share the machine's drift.
 
 Goals (issue 26), each printed with its figure:
@@ -110,7 +111,8 @@ def run_load_bench(engine: Engine, prompts: list[Any], spec: SpecConfig,
                    max_new_tokens: int = 64, repeats: int = 1, core: int | None = None,
                    progress: bool = True) -> LoadBenchResult:
     """Alternate ``alone`` and ``competing`` phases ``repeats`` times (see the module
-    docstring); every phase runs every prompt with the baseline then EAGLE-3."""
+    docstring); every phase runs every prompt with the baseline and EAGLE-3, the first of the
+    two alternating (``_phase``)."""
     if repeats < 1:
         raise ConfigError(f"bench load: repeats must be >= 1, got {repeats}")
     competitor = Competitor(core)
@@ -127,7 +129,7 @@ def run_load_bench(engine: Engine, prompts: list[Any], spec: SpecConfig,
             try:
                 a = contention.cpu_sample()
                 t0 = time.perf_counter()
-                rows += _phase(engine, prompts, arms, sp, len(phases), condition)
+                rows += _phase(engine, prompts, arms, sp, len(phases), condition, r)
                 cond = contention.between(a, contention.cpu_sample())
             finally:
                 competitor.stop()
@@ -158,13 +160,24 @@ def verdict(res: LoadBenchResult) -> str:
 
 
 def _phase(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
-           sp: SamplingParams, phase: int, condition: str) -> list[dict[str, Any]]:
+           sp: SamplingParams, phase: int, condition: str, repeat: int = 0
+           ) -> list[dict[str, Any]]:
+    """Every prompt once per arm. Which arm goes first alternates by prompt and by repeat:
+    whatever the start of a phase costs (the engine noticing the competitor arrive or leave,
+    and re-placing its threads) falls on each arm alike, not always on the baseline."""
     rows = []
+    order = list(arms.items())
     for i, p in enumerate(prompts):
-        for arm, out, dt, lossless in timed_arms(engine, p, arms, sp):
+        turn = dict(order if (i + repeat) % 2 == 0 else order[::-1])
+        # every arm's tokens against the baseline's, whichever ran first
+        timed = {arm: (out, dt) for arm, out, dt, _ in timed_arms(engine, p, turn, sp)}
+        base = next(timed[a][0].token_ids for a, s in arms.items() if s is None)
+        for arm in arms:
+            out, dt = timed[arm]
             rows.append({"phase": phase, "condition": condition, "prompt": i, "arm": arm,
                          "tokens": len(out.token_ids), "seconds": dt,
-                         "tok_s": len(out.token_ids) / dt, "lossless": lossless})
+                         "tok_s": len(out.token_ids) / dt,
+                         "lossless": out.token_ids == base})
     return rows
 
 

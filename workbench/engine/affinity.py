@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # the CPUs this process may use, as it started (a user's taskset included): "all cores"
 HOME: frozenset[int] | None = (frozenset(os.sched_getaffinity(0))
@@ -72,6 +72,21 @@ def pin(n: int, order: Sequence[int] | None) -> list[int] | None:
         except ProcessLookupError:  # the thread ended since the listing: nothing to pin
             continue
     return None if target == HOME else sorted(target)
+
+
+def crowded(a: Mapping[int, float] | None, b: Mapping[int, float] | None, wall: float,
+            cpus: Sequence[int] | None, threshold: float, others_s: float) -> bool:
+    """Pinned to ``cpus`` (fewer than all): over a window of ``wall`` s between per-CPU busy
+    seconds ``a`` and ``b``, in which other processes used ``others_s`` CPU seconds, did they use
+    ``threshold`` cores or more *on ours* while another home CPU stayed at least half idle?
+    Every busy tick on a home CPU outside ``cpus`` is someone else's (no thread of ours may run
+    there), so others' use on ours is all of theirs less those. Then the pin is stale (the
+    neighbour moved onto our core, e.g. when another left the free one) and re-placing the
+    threads wins a core back. False where it cannot tell (unpinned, a window under 10 ticks)."""
+    if cpus is None or a is None or b is None or HOME is None or wall < 0.1:
+        return False
+    elsewhere = [(b[c] - a[c]) / wall for c in HOME - set(cpus) if c in a and c in b]
+    return others_s / wall - sum(elsewhere) >= threshold and any(u <= 0.5 for u in elsewhere)
 
 
 def current() -> list[int] | None:

@@ -67,31 +67,42 @@ PROCESS_THREADS = torch.get_num_threads()
 @dataclass(frozen=True)
 class CpuSample:
     """Cumulative CPU counters at one instant: ``busy``/``steal``/``total`` seconds of all
-    CPUs (``/proc/stat``), this process's own CPU seconds, and the wall clock."""
+    CPUs (``/proc/stat``), this process's own CPU seconds, the wall clock, and each CPU's busy
+    seconds (``cpus``, by CPU number; None where not read)."""
 
     wall: float
     busy: float
     steal: float
     total: float
     own: float
+    cpus: Mapping[int, float] | None = None
 
 
 def cpu_sample() -> CpuSample | None:
     """Now's counters; None where ``/proc/stat`` does not exist (not Linux)."""
     try:
         with open("/proc/stat") as f:
-            first = f.readline().split()
+            lines = [ln.split() for ln in f if ln.startswith("cpu")]
     except OSError:
         return None
-    if not first or first[0] != "cpu":
+    if not lines or lines[0][0] != "cpu":
         return None
-    v = [int(x) for x in first[1:]]
+    per: dict[int, float] = {}
+    for ln in lines[1:]:
+        if ln[0][3:].isdigit():
+            per[int(ln[0][3:])] = _counters(ln)[0] / TICK
+    busy, steal, total = _counters(lines[0])
+    return CpuSample(time.perf_counter(), busy / TICK, steal / TICK, total / TICK,
+                     time.process_time(), per)
+
+
+def _counters(line: list[str]) -> tuple[int, int, int]:
+    """(busy, steal, total) ticks of one ``/proc/stat`` cpu line."""
+    v = [int(x) for x in line[1:9]]
     v += [0] * (8 - len(v))
     user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
     busy = user + nice + system + irq + softirq  # guest time is inside user
-    total = busy + idle + iowait + steal
-    return CpuSample(time.perf_counter(), busy / TICK, steal / TICK, total / TICK,
-                     time.process_time())
+    return busy, steal, busy + idle + iowait + steal
 
 
 def cores() -> int:
@@ -163,7 +174,6 @@ class Conditions:
         why = self.reasons()
         head = "busy: " + "; ".join(why) if why else "quiet"
         return f"{head} ({', '.join(facts)})"
-
 
 RESOLVE_S = 0.12  # a look long enough for /proc/stat's 10 ms ticks to resolve others' use
 
@@ -291,8 +301,8 @@ def pick_threads(timings: Mapping[int, Mapping[str, float]], default: int,
 
 @dataclass
 class Adaptation:
-    """One thread-count decision of the monitor (or the init stage): when, why, what it timed
-    and what it chose."""
+    """One thread-count decision of the monitor (or the init stage): when, why, what it timed,
+    what it chose."""
 
     t: float
     reason: str
@@ -301,8 +311,9 @@ class Adaptation:
     before: int
     after: int
     cpus: list[int] | None = None  # the cores pinned to (fewer than all); None: all cores
+    recalled: bool = False  # timings_ms are an earlier measurement's, on a machine like this
 
-
+RECALL_S = 120.0  # an adaptation this recent, on a machine like now's, is applied untimed
 StepKey = tuple[str, int, tuple[int, ...], int]  # (mode, batch bucket, shape, context bucket)
 
 
@@ -333,6 +344,7 @@ class ContentionMonitor:
         self._last_check = time.perf_counter()
         self._last_adapt = -math.inf
         self._backoff = BACKOFF_S[0]
+        self._last_cond: Conditions | None = None  # what the last measurement saw
 
     @staticmethod
     def key(mode: str, batch: int, shape: Sequence[int] | None = None,
@@ -376,44 +388,62 @@ class ContentionMonitor:
         drifted, or the machine is busy at all cores, or quiet at fewer."""
         now = time.perf_counter() if now is None else now
         self._last_check = now
-        sample = cpu_sample()
-        cond = between(self._sample, sample, self.drift)
+        prev, sample = self._sample, cpu_sample()
+        cond = between(prev, sample, self.drift)
         if cond.others is None and sample is not None:
             # a window too short for /proc/stat's ticks (a drift asks early): look a little
             # longer rather than let an unmeasured window read the drift as contention
-            cond = dataclasses.replace(measure(RESOLVE_S), drift=self.drift)
+            prev = sample
+            time.sleep(RESOLVE_S)
             sample = cpu_sample()
+            cond = between(prev, sample, self.drift)
         self._sample = sample
         threads = torch.get_num_threads()
         busy = bool(dataclasses.replace(cond, drift=None).reasons())
         drifted = self.drift is not None and self.drift >= DRIFT
+        # pinned to fewer cores, with the neighbours now on ours and another core free
+        stale_pin = busy and prev is not None and sample is not None and affinity.crowded(
+            prev.cpus, sample.cpus, sample.wall - prev.wall, self.cpus, OTHERS_CORES,
+            max(0.0, (sample.busy - prev.busy) - (sample.own - prev.own)))
+        self._next_check = now + CHECK_S  # looks stay cheap and regular, whatever the back-off
         if drifted and not busy and cond.others is not None and threads == self.default:
-            # the counters see a quiet machine and every core is in use: nothing to re-time.
-            # The slower steps are the workload's own (longer contexts, another mix of step
-            # kinds); timing thread counts here would only stall the run (≈ 0.3 s, inside a
-            # benchmark's timed arm). Their present cost becomes the calibration.
+            # a quiet machine, every core in use: the slower steps are the workload's own
+            # (longer contexts, another mix of step kinds); re-timing would only stall the run
+            # (≈ 0.3 s, inside a benchmark's timed arm). Their present cost is the calibration.
             self._recalibrate()
             self.recalibrations += 1
-            self._next_check = now + CHECK_S
             return None
         if busy and threads == 1:
-            fits = True  # nothing below one thread, and more lose beside other work
+            fits = not stale_pin  # nothing below one thread, and more lose beside other work
         elif drifted:
             fits = False  # something changed that the machine's counters do not show
         else:
-            fits = busy == (threads < self.default)
-        if fits:
-            self._next_check = now + CHECK_S
-            return None
+            fits = busy == (threads < self.default) and not stale_pin
+        if fits or (now < self._last_adapt + self._backoff and not stale_pin
+                    and not self._changed(cond)):
+            return None  # (or: the same machine the last measurement confirmed, not yet again)
         why = "; ".join(cond.reasons()) or "quiet again"
+        if stale_pin:
+            why += f"; others on our core(s) {self.cpus} while another is free"
         a = self.adapt(cond, why)
         self._last_adapt = time.perf_counter()
-        if a.after == a.before:  # confirmed: wait longer before asking again
+        self._last_cond = cond
+        if a.after == a.before:  # confirmed: wait longer before measuring the same again
             self._backoff = min(BACKOFF_S[1], self._backoff * 2)
         else:
             self._backoff = BACKOFF_S[0]
-        self._next_check = time.perf_counter() + self._backoff
+        self._next_check = time.perf_counter() + CHECK_S
         return a
+
+    def _changed(self, cond: Conditions) -> bool:
+        """Is the machine another than the last measurement saw (others' use moved by a third
+        of a core, or the busy verdict flipped)? The back-off is for one that keeps confirming."""
+        last = self._last_cond
+        if last is None or (cond.others is not None and last.others is not None and
+                            abs(cond.others - last.others) >= OTHERS_CORES):
+            return True
+        return dataclasses.replace(cond, drift=None).contended != \
+            dataclasses.replace(last, drift=None).contended
 
     def _recalibrate(self) -> None:
         """The steps' present cost is their calibration from here on."""
@@ -430,7 +460,12 @@ class ContentionMonitor:
         cands = thread_candidates(self.default, cond)
         # under contention fewer threads run on the cores the others leave free (affinity.py)
         order = affinity.quiet_cpus() if cond.contended else None
-        timings = time_threads(self._passes, cands, pin=lambda n: affinity.pin(n, order))
+        known = self._recall(cond, cands)
+        if known is not None:  # the machine flips between two states (a job comes and goes)
+            timings = known.timings_ms
+            reason += f"; as timed {time.time() - known.t:.0f} s ago on a machine like this"
+        else:
+            timings = time_threads(self._passes, cands, pin=lambda n: affinity.pin(n, order))
         after = pick_threads(timings, self.default)
         self.cpus = affinity.pin(after, order)
         if after != before or self.cpus != pinned_before:
@@ -440,8 +475,25 @@ class ContentionMonitor:
         else:  # confirmed: the steps' present cost is their calibration from here on
             self._recalibrate()
         self.drift = None
-        a = Adaptation(time.time(), reason, cond.to_dict(), timings, before, after, self.cpus)
+        a = Adaptation(time.time(), reason, cond.to_dict(), timings, before, after, self.cpus,
+                       known is not None)
         self.log.append(a)
         if self.on_change is not None:
             self.on_change(a)
         return a
+
+    def _recall(self, cond: Conditions, cands: tuple[int, ...]) -> Adaptation | None:
+        """The latest timed adaptation of the last RECALL_S s on a machine like ``cond`` (same
+        verdict and candidates, others' use within a sixth of a core): re-timing would stall
+        the engine ~0.3-0.6 s to relearn it. A wrong recall shows as drift: re-timed then."""
+        for a in reversed(self.log):
+            if time.time() - a.t > RECALL_S:
+                return None
+            c = a.conditions
+            if a.recalled or tuple(a.timings_ms) != cands or c["contended"] != cond.contended:
+                continue
+            if c["others"] is None or cond.others is None or \
+                    abs(c["others"] - cond.others) >= OTHERS_CORES / 2:
+                continue
+            return a
+        return None
