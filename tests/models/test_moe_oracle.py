@@ -15,6 +15,7 @@ import workbench as wb
 from workbench.attention.paged import PagedAttention
 from workbench.engine.kv_cache import KVPool
 from workbench.models.loader import load_target
+from workbench.models.moe import SparseMoe
 from workbench.models.moe_model import MoeForCausalLM
 from workbench.models.synthetic_moe import write_random_moe
 
@@ -181,12 +182,38 @@ def test_unsupported_options_refused_naming_the_field(tmp_path: Path, family: st
         wb.Engine.from_pretrained(folder)
 
 
-def test_thread_timing_pass_runs_on_a_moe_target(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["deepseek_v3", "mixtral"])
+def test_thread_timing_pass_runs_on_a_moe_target(tmp_path: Path, family: str) -> None:
     """engine.contention times thread counts on a busy machine with one GEMM pass per shape:
-    a MoE target gives its own (the dense forward; its GEMM list depends on the routing)."""
+    a MoE target gives its own — the GEMMs of a forward of m rows (attention, router, the
+    experts m tokens touch under uniform routing, dense and shared MLPs, head), and nothing
+    else: no coverage record or KV touched."""
     from workbench.engine.contention import gemm_pass
 
-    model, _, _ = load_target(write_random_moe(tmp_path / "m", "deepseek_v3"))
-    run = gemm_pass(model, 16)
-    run()
-    assert model.routing()  # the pass routed real tokens through the experts
+    model, cfg, _ = load_target(write_random_moe(tmp_path / "m", family))
+    assert isinstance(model, MoeForCausalLM) and cfg.moe is not None
+    calls: list[tuple[int, ...]] = []  # (rows, in, out, weight's data_ptr)
+    real_mm = torch.mm
+
+    def counting_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        calls.append((a.shape[0], *b.shape, b.data_ptr()))
+        return real_mm(a, b)
+
+    for m in (1, 16):
+        run = gemm_pass(model, m)
+        calls.clear()
+        torch.mm = counting_mm  # type: ignore[assignment]
+        try:
+            run()
+        finally:
+            torch.mm = real_mm  # type: ignore[assignment]
+        assert not model.routing()  # the pass routes nothing: the coverage record is untouched
+        e, k = cfg.moe.num_experts, cfg.moe.top_k
+        touched = min(e, m * k)
+        moes = [f for f in (layer.ffn for layer in model.model.decoder_layers())
+                if isinstance(f, SparseMoe)]
+        gate_ups = {gu.data_ptr() for moe in moes for gu, _ in moe.mm_weights}
+        expert_calls = [c for c in calls if c[3] in gate_ups]
+        assert len(expert_calls) == touched * len(moes)  # one gate/up GEMM per touched expert
+        assert {c[0] for c in expert_calls} == {-(-m * k // touched)}  # m·k rows spread
+        assert calls[-1][:3] == (m, cfg.hidden_size, cfg.vocab_size)  # the head, last

@@ -152,16 +152,45 @@ class MoeForCausalLM(nn.Module):
         self._fast = [MoeFastLayer.of(layer) for layer in self.model.decoder_layers()]
 
     def gemm_pass(self, m: int) -> Callable[[], None]:
-        """A timing pass for thread-count measurements (``engine.contention``): the dense
-        forward over ``m`` fixed tokens (every GEMM a forward of m rows runs, the experts its
-        routing picks; no KV touched, so safe while requests run)."""
+        """A timing pass for thread-count measurements (``engine.contention``), as the dense
+        target's: every GEMM a forward of ``m`` rows runs, on fixed inputs — attention
+        projections, router, the experts such a forward touches under uniform routing
+        (min(E, m·k) of them, the m·k rows spread over them), shared experts, dense MLPs, the
+        head. GEMMs only (a whole forward's many small ops each wait on every thread when a
+        core is busy, stalling the run being measured); no KV and no coverage record touched,
+        so safe while requests run."""
+        if self._fast is None:
+            self.fuse()
+        assert self._fast is not None and self._head is not None
+        plan: list[tuple[int, torch.Tensor]] = []  # (rows, (in, out) operand of x @ w)
+        for f in self._fast:
+            if f.mla is not None:
+                plan += [(m, lin.weight.t()) for lin in f.mla.modules()
+                         if isinstance(lin, nn.Linear)]
+            else:
+                assert f.qkv is not None and f.o_t is not None
+                plan += [(m, f.qkv.t()), (m, f.o_t)]
+            if f.moe is not None:
+                moe, spec = f.moe, f.moe.spec
+                touched = min(spec.num_experts, m * spec.top_k)
+                rows = -(-m * spec.top_k // touched)
+                plan.append((m, moe.gate.weight.t()))
+                plan += [(rows, w) for e in range(touched) for w in moe.mm_weights[e]]
+                if moe.shared is not None:
+                    plan += [(m, moe.shared[0].t()), (m, moe.shared[1].t())]
+            else:
+                assert f.mlp is not None and f.mlp.fused is not None
+                plan += [(m, f.mlp.fused[0].t()), (m, f.mlp.down_proj.weight.t())]
+        plan.append((m, self._head.t()))
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, self.config.vocab_size, (1, m), generator=g, device="cpu").to(
-            self.lm_head.weight.device)
+        w0 = self.lm_head.weight
+        xs = {(r, w.shape[0]): torch.randn(r, w.shape[0], generator=g, device="cpu").to(
+            w0.device, w0.dtype) for r, w in plan}  # CPU generator: the same inputs anywhere
 
         def run() -> None:
             with torch.inference_mode():
-                self.forward_dense(ids)
+                for r, w in plan:
+                    torch.mm(xs[(r, w.shape[0])], w)
 
         return run
 
