@@ -60,6 +60,7 @@ CHECKED = (
     "speculative/tree.py",
     "speculative/verify.py",
     "speculative/drafter.py",
+    "speculative/host_tree.py",
     "policy/policies.py",
     "policy/goodput.py",
     "policy/costmodel.py",

@@ -15,6 +15,7 @@ import torch
 from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
 from workbench.models.eagle3 import Eagle3Draft
+from workbench.speculative.host_tree import draft_tree_one
 from workbench.speculative.tree import build_tree, expand, per_shape, select_frontier
 
 
@@ -31,7 +32,9 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     called per step when given (tracing). ``score_temperature`` (B,) divides each request's
     draft logits before they score and rank nodes (calibration, see
     ``Eagle3Config.greedy_score_temperature``); the tree's scores and draft probs are the
-    calibrated ones. A float: every request's (one scalar multiply per step). None: 1."""
+    calibrated ones. A float: every request's (one scalar multiply per step). None: 1.
+    One request on the CPU, untraced: :func:`~workbench.speculative.host_tree.draft_tree_one`
+    (the same tree, its bookkeeping on host lists)."""
     b = logits0.shape[0]
     k = topk
     dev = logits0.device
@@ -43,8 +46,14 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
         inv_t = 1.0 / score_temperature
     elif score_temperature is not None:
         inv_t = (1.0 / score_temperature.float()).view(b, 1)
+    if b == 1 and dev.type == "cpu" and on_step is None:  # the same tree, on host lists
+        return draft_tree_one(draft, logits0, hidden0, root_tokens, root_pos, prefix_slots,
+                              k_pool, v_pool, num_steps, k, num_draft_tokens, inv_t)
     logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
-    f_ids, f_scores, f_lp = expand(c.zeros_b1, logp.unsqueeze(1), k)  # (B, K)
+    # depth 1: the root's top-K children, scored by their own log-probs (``expand`` from a
+    # zero score, in two ops)
+    f_lp, f_ids = torch.topk(logp, k, dim=-1)  # (B, K)
+    f_lp = f_scores = f_lp.clamp(max=0.0)
     c_tok = to_target[f_ids]
     cand_tok, cand_scores, cand_lp = [c_tok], [f_scores], [f_lp]
     picks: list[torch.Tensor] = []  # per step, the frontier's candidate columns in that step
@@ -92,7 +101,6 @@ class _Consts:
 
     def __init__(self, b: int, k: int, num_steps: int, dev: torch.device) -> None:
         self.dev = dev
-        self.zeros_b1 = torch.zeros(b, 1, device=dev)
         self.parents0 = torch.full((b, k), -1, dtype=torch.int64, device=dev)
         self.eye = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
         self.row_base = (torch.arange(b, device=dev) * k).view(b, 1)
