@@ -388,3 +388,27 @@ def test_a_machine_seen_recently_is_recalled_not_re_timed(
     for x in m.log:
         x.t -= contention.RECALL_S + 1
     assert not m.adapt(busy, "a neighbour").recalled and len(timed) == 4
+
+
+def test_a_look_too_short_to_resolve_waits_for_its_window_without_sleeping(
+        threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spike asks early, before /proc/stat's ticks can tell: the look returns at once (it
+    used to sleep 0.12 s inside the step) and asks again when the window resolves."""
+    monkeypatch.setattr(contention, "between", REAL_BETWEEN)
+    if contention.cpu_sample() is None:
+        pytest.skip("needs /proc/stat")
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    t0 = time.perf_counter()
+    assert m.check() is None
+    assert time.perf_counter() - t0 < 0.05  # no sleep
+    assert m._next_check == m._resolved_at > time.perf_counter()
+    m._last_adapt = -math.inf
+    for _ in range(contention.WINDOW):
+        m.observe("spec", 1, 10.0)
+    before = m._sample
+    m.observe("spec", 1, 100.0)  # a spike inside the unresolved window: no look yet
+    assert m._sample is before
+    time.sleep(contention.RESOLVE_S + 0.02)
+    m.observe("spec", 1, 100.0)  # resolved now: looked (the machine decides what follows)
+    assert m._sample is not before

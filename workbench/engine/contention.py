@@ -345,6 +345,7 @@ class ContentionMonitor:
         self._last_adapt = -math.inf
         self._backoff = BACKOFF_S[0]
         self._last_cond: Conditions | None = None  # what the last measurement saw
+        self._resolved_at = -math.inf  # an unresolved look waits for its window until then
 
     @staticmethod
     def key(mode: str, batch: int, shape: Sequence[int] | None = None,
@@ -379,7 +380,8 @@ class ContentionMonitor:
         # the machine's counters then decide — but not before the back-off has passed
         drifted = (self.drift is not None and self.drift >= DRIFT) or \
             (cal is not None and ms >= SPIKE * cal)
-        if now < self._next_check and not (drifted and now >= self._last_adapt + self._backoff):
+        if now < self._next_check and not (drifted and now >= max(
+                self._last_adapt + self._backoff, self._resolved_at)):
             return None
         return self.check(now)
 
@@ -390,13 +392,11 @@ class ContentionMonitor:
         self._last_check = now
         prev, sample = self._sample, cpu_sample()
         cond = between(prev, sample, self.drift)
-        if cond.others is None and sample is not None:
-            # a window too short for /proc/stat's ticks (a drift asks early): look a little
-            # longer rather than let an unmeasured window read the drift as contention
-            prev = sample
-            time.sleep(RESOLVE_S)
-            sample = cpu_sample()
-            cond = between(prev, sample, self.drift)
+        if cond.others is None and prev is not None and sample is not None:
+            # a window too short for /proc/stat's ticks (a drift asks early): ask again once
+            # it resolves, rather than sleep inside a step or read the drift as contention
+            self._next_check = self._resolved_at = prev.wall + RESOLVE_S
+            return None
         self._sample = sample
         threads = torch.get_num_threads()
         busy = bool(dataclasses.replace(cond, drift=None).reasons())
