@@ -75,8 +75,16 @@ def test_spec_bench_reports_the_bound(micro_target: Path, tmp_path: Path,
     assert tree["ceiling"] == pytest.approx(tree["tau"] / (tree["verify_ratio"] +
                                                            tree["draft_ratio"]))
     assert tree["of_ceiling"] == pytest.approx(tree["speedup"] / tree["ceiling"])
-    line, phases = ceiling_lines(res.summary)
+    line, e2e, phases = ceiling_lines(res.summary)
     assert line.startswith(f"tree: {tree['speedup']:.2f}x of a ceiling {tree['ceiling']:.2f}x")
+    # whole prompts: the prefill (the same in every arm) in the ceiling too, as in the speedup
+    n = 8 - 1
+    assert tree["ceiling_e2e"] == pytest.approx(
+        (tree["prefill_ratio"] + n) / (tree["prefill_fwd_ratio"] + n * (
+            tree["verify_ratio"] + tree["draft_ratio"]) / tree["tau"]))
+    assert tree["prefill_ratio"] > 0 and tree["prefill_fwd_ratio"] > 0
+    assert tree["of_ceiling_e2e"] == pytest.approx(tree["speedup"] / tree["ceiling_e2e"])
+    assert e2e.startswith("  whole prompts (the prefill, ") and "reached" in e2e
     # where the overhead sits, by phase: every phase reported, the tree's and the extend's
     # bookkeeping without their draft forwards
     assert phases.startswith("  overhead ms per step by phase: schedule ")

@@ -112,9 +112,11 @@ def _run(engine: Engine, prompts: list[Any], sp: SamplingParams,
         for p in prompts:
             engine.generate([p], sp, spec=spec)
     timing = tr.frame("timing").set_index("step")
-    cols = ["mode", "schedule_ms", "verify_ms", "accept_ms", "commit_ms"]
+    cols = ["mode", "schedule_ms", "prefill_ms", "verify_ms", "accept_ms", "commit_ms"]
     steps = {int(k): v for k, v in timing[cols].to_dict(orient="index").items()}
-    return [{**r, **steps[int(r["step"])]} for r in clock.rows if int(r["step"]) in steps]
+    # a step with no decode work (a prompt's prefill alone) emits no StepTiming: mode "prefill"
+    alone = dict.fromkeys(cols, 0.0)
+    return [{**r, **steps.get(int(r["step"]), {**alone, "mode": "prefill"})} for r in clock.rows]
 
 
 def overhead_ms(r: dict[str, Any]) -> dict[str, float]:
@@ -130,23 +132,38 @@ def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | 
                sp: SamplingParams) -> dict[str, dict[str, float]]:
     """Per speculative arm, from a separate traced pass over ``prompts`` (tracing and the
     clock cost time of their own, so it is not the timed pass): ``verify_ratio``,
-    ``draft_ratio`` and ``overhead`` (module docstring)."""
-    plain = statistics.median(r["total_ms"] for r in _run(engine, prompts, sp, None)
-                              if r["mode"] == "plain")
+    ``draft_ratio`` and ``overhead`` (module docstring), and in the same plain-step units
+    ``prefill_ratio`` (the baseline's prefill step, whole) and ``prefill_fwd_ratio`` (the arm's
+    prefill step, its forwards alone: the target's and the draft's pass over the prompt)."""
+    base = _run(engine, prompts, sp, None)
+    plain = statistics.median(r["total_ms"] for r in base
+                              if r["mode"] == "plain" and not r["prefill_ms"])
+    # the prompt's prefill step, whole, in the baseline (the same in every arm)
+    prefill = _median([r["total_ms"] for r in base if r["mode"] == "prefill"])
     out: dict[str, dict[str, float]] = {}
     for name, spec in arms.items():
         if spec is None:
             continue
-        steps = [r for r in _run(engine, prompts, sp, spec) if r["mode"] == "spec"]
+        rows = _run(engine, prompts, sp, spec)
+        steps = [r for r in rows if r["mode"] == "spec"]
         if not steps:
             continue
+        # that step's forwards alone in this arm (its draft's pass over the prompt included)
+        prefill_fwd = _median([r["target_ms"] + r["draft_ms"] for r in rows
+                               if r["mode"] == "prefill"])
         verify = statistics.median(r["target_ms"] for r in steps)
         draft = statistics.median(r["draft_ms"] for r in steps)
         over = statistics.median(r["total_ms"] / (r["target_ms"] + r["draft_ms"]) - 1.0
                                  for r in steps)
         by_phase = [overhead_ms(r) for r in steps]
         out[name] = {"verify_ratio": verify / plain, "draft_ratio": draft / plain,
+                     "prefill_ratio": prefill / plain, "prefill_fwd_ratio": prefill_fwd / plain,
                      "overhead": over,
                      **{f"overhead_{k}_ms": statistics.median(p[k] for p in by_phase)
                         for k in PHASES}}
     return out
+
+
+def _median(xs: list[float]) -> float:
+    """The median; NaN for none (a pass whose prompts prefilled inside mixed steps)."""
+    return statistics.median(xs) if xs else float("nan")
