@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from workbench.core import RequestOutput
     from workbench.engine.engine import Engine
 
+# prompts of the traced pass behind the ceiling (the baseline and the arms in turns per prompt)
+STEP_COST_PROMPTS = 4
 DEFAULT_ARMS: dict[str, SpecConfig | None] = {
     "baseline": None,
     "chain S5": SpecConfig(num_steps=5, topk=1),
@@ -90,8 +92,9 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     Summary per arm: summed tokens / seconds → ``tok_s``, ``speedup`` over baseline, τ, and
     with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
     over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
-    and after is in ``machine["load"]``. With ``bound``, a traced pass over two prompts (the
-    same run, after the timed one; ``workbench.bench.step_cost``) adds, per speculative arm, in
+    and after is in ``machine["load"]``. With ``bound``, a traced pass over the first
+    STEP_COST_PROMPTS prompts (the same run, after the timed one; the baseline and the arms in
+    turns per prompt; ``workbench.bench.step_cost``) adds, per speculative arm, in
     plain-step units: ``verify_ratio`` (the target's forward + logits of a speculative step)
     and ``draft_ratio`` (its draft forwards: the tree's steps and the extend); ``bound`` =
     τ / verify_ratio (the speedup if drafting were free too); ``ceiling`` = τ / (verify_ratio +
@@ -149,7 +152,7 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     if bound:
         from workbench.bench.step_cost import step_costs
 
-        for name, cost in step_costs(engine, prompts[:2], arms, sp).items():
+        for name, cost in step_costs(engine, prompts[:STEP_COST_PROMPTS], arms, sp).items():
             g.loc[name, "verify_ratio"] = cost["verify_ratio"]
             g.loc[name, "bound"] = g.loc[name, "tau"] / cost["verify_ratio"]
             g.loc[name, "draft_ratio"] = cost["draft_ratio"]

@@ -135,16 +135,22 @@ def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | 
     ``draft_ratio`` and ``overhead`` (module docstring), and in the same plain-step units
     ``prefill_ratio`` (the baseline's prefill step, whole) and ``prefill_fwd_ratio`` (the arm's
     prefill step, its forwards alone: the target's and the draft's pass over the prompt)."""
-    base = _run(engine, prompts, sp, None)
+    # the baseline and every arm take turns per prompt: the plain-step unit and each arm's
+    # forwards are timed under the same conditions (one pass per arm drifted apart by up to
+    # 15 % between them on a quiet 2-core machine)
+    named: dict[str, SpecConfig | None] = {"": None}
+    named.update((k, v) for k, v in arms.items() if v is not None)
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in named}
+    for p in prompts:
+        for name, spec in named.items():
+            runs[name] += _run(engine, [p], sp, spec)
+    base = runs.pop("")
     plain = statistics.median(r["total_ms"] for r in base
                               if r["mode"] == "plain" and not r["prefill_ms"])
     # the prompt's prefill step, whole, in the baseline (the same in every arm)
     prefill = _median([r["total_ms"] for r in base if r["mode"] == "prefill"])
     out: dict[str, dict[str, float]] = {}
-    for name, spec in arms.items():
-        if spec is None:
-            continue
-        rows = _run(engine, prompts, sp, spec)
+    for name, rows in runs.items():
         steps = [r for r in rows if r["mode"] == "spec"]
         if not steps:
             continue
