@@ -125,16 +125,13 @@ def run_spec_bench(engine: Engine, prompts: list[str],
                          "lossless": lossless})
     load.stop()
     df = pd.DataFrame(rows)
-    df["_accepted"] = df["tau"] * df["verify_ct"]
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
-                                          _accepted=("_accepted", "sum"),
-                                          verify_ct=("verify_ct", "sum"),
                                           lossless=("lossless", "all"))
     # τ of the run as SGLang counts it: tokens per verify over all of them (a prompt with more
     # verifies weighs more, as it does in the summed seconds the speedup comes from)
-    g["tau"] = (g["_accepted"] / g["verify_ct"]).where(g["verify_ct"] > 0, 1.0)
-    g = g[["tokens", "seconds", "tau", "lossless"]]
-    df = df.drop(columns=["_accepted"])
+    verifies = df.groupby("arm", sort=False)["verify_ct"].sum()
+    emitted = (df["tau"] * df["verify_ct"]).groupby(df["arm"], sort=False).sum()
+    g.insert(2, "tau", (emitted / verifies).where(verifies > 0, 1.0))
     g["tok_s"] = g["tokens"] / g["seconds"]
     base = g["tok_s"].get("baseline", float("nan"))
     g["speedup"] = g["tok_s"] / base

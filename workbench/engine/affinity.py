@@ -26,19 +26,35 @@ HOME: frozenset[int] | None = (frozenset(os.sched_getaffinity(0))
 LOOK_S = 0.12  # long enough for /proc/stat's 10 ms ticks to tell a busy core from an idle one
 
 
-def per_cpu_busy() -> dict[int, float] | None:
-    """Cumulative busy ticks of each CPU (``/proc/stat`` ``cpuN`` lines); None off Linux."""
+def stat_lines() -> list[list[str]] | None:
+    """``/proc/stat``'s cpu lines, split: the all-CPU line first, then ``cpuN`` ones; None off
+    Linux (the one reader of the file: contention.cpu_sample and per_cpu_busy share it)."""
     try:
         with open("/proc/stat") as f:
-            lines = [ln.split() for ln in f if ln.startswith("cpu") and ln[3:4].isdigit()]
+            lines = [ln.split() for ln in f if ln.startswith("cpu")]
     except OSError:
         return None
-    out = {}
-    for ln in lines:
-        v = [int(x) for x in ln[1:9]] + [0] * max(0, 9 - len(ln))
-        user, nice, system, _idle, _iowait, irq, softirq = v[:7]
-        out[int(ln[0][3:])] = float(user + nice + system + irq + softirq)
-    return out
+    return lines if lines and lines[0][0] == "cpu" else None
+
+
+def counters(line: list[str]) -> tuple[int, int, int]:
+    """(busy, steal, total) ticks of one split ``/proc/stat`` cpu line."""
+    v = [int(x) for x in line[1:9]]
+    v += [0] * (8 - len(v))
+    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+    busy = user + nice + system + irq + softirq  # guest time is inside user
+    return busy, steal, busy + idle + iowait + steal
+
+
+def per_cpu(lines: list[list[str]]) -> dict[int, int]:
+    """Busy ticks of each CPU, from :func:`stat_lines`."""
+    return {int(ln[0][3:]): counters(ln)[0] for ln in lines[1:] if ln[0][3:].isdigit()}
+
+
+def per_cpu_busy() -> dict[int, int] | None:
+    """Cumulative busy ticks of each CPU (``/proc/stat`` ``cpuN`` lines); None off Linux."""
+    lines = stat_lines()
+    return None if lines is None else per_cpu(lines)
 
 
 def quiet_cpus(window_s: float = LOOK_S) -> list[int] | None:

@@ -80,29 +80,18 @@ class CpuSample:
 
 def cpu_sample() -> CpuSample | None:
     """Now's counters; None where ``/proc/stat`` does not exist (not Linux)."""
-    try:
-        with open("/proc/stat") as f:
-            lines = [ln.split() for ln in f if ln.startswith("cpu")]
-    except OSError:
+    lines = affinity.stat_lines()
+    if lines is None:
         return None
-    if not lines or lines[0][0] != "cpu":
-        return None
-    per: dict[int, float] = {}
-    for ln in lines[1:]:
-        if ln[0][3:].isdigit():
-            per[int(ln[0][3:])] = _counters(ln)[0] / TICK
-    busy, steal, total = _counters(lines[0])
+    busy, steal, total = affinity.counters(lines[0])
+    per = {c: t / TICK for c, t in affinity.per_cpu(lines).items()}
     return CpuSample(time.perf_counter(), busy / TICK, steal / TICK, total / TICK,
                      time.process_time(), per)
 
 
-def _counters(line: list[str]) -> tuple[int, int, int]:
-    """(busy, steal, total) ticks of one ``/proc/stat`` cpu line."""
-    v = [int(x) for x in line[1:9]]
-    v += [0] * (8 - len(v))
-    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
-    busy = user + nice + system + irq + softirq  # guest time is inside user
-    return busy, steal, busy + idle + iowait + steal
+def others_s(a: CpuSample, b: CpuSample) -> float:
+    """CPU seconds other processes used from ``a`` to ``b`` (all busy time less our own)."""
+    return max(0.0, (b.busy - a.busy) - (b.own - a.own))
 
 
 def cores() -> int:
@@ -185,7 +174,7 @@ def between(a: CpuSample | None, b: CpuSample | None, drift: float | None = None
         return Conditions(n, 0.0, None, None, load1(), drift)
     wall = b.wall - a.wall
     total = b.total - a.total
-    others = max(0.0, (b.busy - a.busy) - (b.own - a.own)) / wall
+    others = others_s(a, b) / wall
     # /proc/stat counts in ticks: a window of a few ticks cannot tell 0.3 cores from 0
     resolved = wall * TICK >= 10
     return Conditions(n, round(wall, 3), round(min(others, float(n)), 2) if resolved else None,
@@ -404,7 +393,7 @@ class ContentionMonitor:
         # pinned to fewer cores, with the neighbours now on ours and another core free
         stale_pin = busy and prev is not None and sample is not None and affinity.crowded(
             prev.cpus, sample.cpus, sample.wall - prev.wall, self.cpus, OTHERS_CORES,
-            max(0.0, (sample.busy - prev.busy) - (sample.own - prev.own)))
+            others_s(prev, sample))
         self._next_check = now + CHECK_S  # looks stay cheap and regular, whatever the back-off
         if drifted and not busy and cond.others is not None and threads == self.default:
             # a quiet machine, every core in use: the slower steps are the workload's own

@@ -38,9 +38,6 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     b = logits0.shape[0]
     k = topk
     dev = logits0.device
-    c = _constants(b, k, num_steps, dev)
-    # draft id → target id as one table lookup per step (the same ids, one op instead of two)
-    to_target = draft.target_ids()
     inv_t: torch.Tensor | float | None = None
     if isinstance(score_temperature, float):
         inv_t = 1.0 / score_temperature
@@ -49,6 +46,9 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     if b == 1 and dev.type == "cpu" and on_step is None:  # the same tree, on host lists
         return draft_tree_one(draft, logits0, hidden0, root_tokens, root_pos, prefix_slots,
                               k_pool, v_pool, num_steps, k, num_draft_tokens, inv_t)
+    c = _constants(b, k, num_steps, dev)
+    # draft id → target id as one table lookup per step (the same ids, one op instead of two)
+    to_target = draft.target_ids()
     logp = torch.log_softmax(logits0.float() if inv_t is None else logits0.float() * inv_t, -1)
     # depth 1: the root's top-K children, scored by their own log-probs (``expand`` from a
     # zero score, in two ops)
