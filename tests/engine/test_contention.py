@@ -412,3 +412,34 @@ def test_a_look_too_short_to_resolve_waits_for_its_window_without_sleeping(
     time.sleep(contention.RESOLVE_S + 0.02)
     m.observe("spec", 1, 100.0)  # resolved now: looked (the machine decides what follows)
     assert m._sample is not before
+
+
+def test_a_steal_burst_of_one_look_is_not_re_timed(
+        threads: None, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steal alone comes in bursts from a busy host: one look over the share changes nothing
+    (no re-timing stall inside a quiet run); a second look in a row re-times. A neighbour in
+    the VM (others) is measured at the first look, as before."""
+    timed: list[tuple[int, ...]] = []
+
+    def fake(passes: object, cands: tuple[int, ...], budget_s: float = 0.0,
+             pin: object = None) -> dict[int, dict[str, float]]:
+        timed.append(cands)
+        return {n: {"p": 10.0 if n == 1 else 20.0} for n in cands}
+
+    monkeypatch.setattr(contention, "time_threads", fake)
+    monkeypatch.setattr(contention.affinity, "quiet_cpus", lambda: None)
+    torch.set_num_threads(2)
+    m = ContentionMonitor(2, lambda: {"p": lambda: None})
+    machine_conditions["steal"] = 0.11  # a burst, nobody else in the VM
+    assert m.check() is None and not timed and torch.get_num_threads() == 2
+    machine_conditions["steal"] = 0.0  # gone at the next look: still nothing timed
+    assert m.check() is None and not timed
+    machine_conditions["steal"] = 0.2  # steal that lasts two looks is the machine's
+    assert m.check() is None
+    a = m.check()
+    assert a is not None and "steal 20 %" in a.reason and (a.before, a.after) == (2, 1)
+    torch.set_num_threads(2)
+    m2 = ContentionMonitor(2, lambda: {"p": lambda: None})
+    machine_conditions.update(steal=0.0, others=1.0)  # a neighbour: measured at once
+    assert m2.check() is not None and len(timed) == 2

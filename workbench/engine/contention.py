@@ -335,6 +335,7 @@ class ContentionMonitor:
         self._backoff = BACKOFF_S[0]
         self._last_cond: Conditions | None = None  # what the last measurement saw
         self._resolved_at = -math.inf  # an unresolved look waits for its window until then
+        self._steal_seen = False  # the last look found steal alone over its share
 
     @staticmethod
     def key(mode: str, batch: int, shape: Sequence[int] | None = None,
@@ -395,6 +396,13 @@ class ContentionMonitor:
             prev.cpus, sample.cpus, sample.wall - prev.wall, self.cpus, OTHERS_CORES,
             others_s(prev, sample))
         self._next_check = now + CHECK_S  # looks stay cheap and regular, whatever the back-off
+        # steal alone (nobody else in the VM) comes in bursts of a look from a busy host: two
+        # looks in a row before re-timing (seen on the 2-core EPYC: an 11 % burst flipped a
+        # quiet run to one thread and back, ~0.5 s of stalls; a neighbour shows as others)
+        steal_only = busy and cond.others is not None and cond.others < OTHERS_CORES
+        confirm, self._steal_seen = steal_only and not self._steal_seen, steal_only
+        if confirm and threads == self.default:
+            return None
         if drifted and not busy and cond.others is not None and threads == self.default:
             # a quiet machine, every core in use: the slower steps are the workload's own
             # (longer contexts, another mix of step kinds); re-timing would only stall the run
