@@ -6,6 +6,7 @@ reported in the table (``lossless`` column), never hidden.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.step_cost import PHASES
+from workbench.bench.step_cost import PHASES, ForwardClock, decode_costs, forwards_ms
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
 
@@ -34,16 +35,21 @@ DEFAULT_ARMS: dict[str, SpecConfig | None] = {
 
 
 def timed_arms(engine: Engine, prompt: Any, arms: dict[str, SpecConfig | None],
-               sp: SamplingParams) -> list[tuple[str, RequestOutput, float, bool]]:
+               sp: SamplingParams, clock: ForwardClock | None = None
+               ) -> list[tuple[str, RequestOutput, float, bool]]:
     """``prompt`` generated alone once per arm, in ``arms``' order: (arm, output, seconds,
     lossless); ``lossless`` = the same token ids as the baseline arm's (``spec`` None), so
-    False for an arm before the baseline or in a run without one."""
+    False for an arm before the baseline or in a run without one. With a running ``clock``
+    (``step_cost.ForwardClock``), each arm's steps are also appended to ``clock.by_arm``."""
     rows = []
     base: list[int] | None = None
     for name, spec in arms.items():
+        n0 = len(clock.rows) if clock is not None else 0
         t0 = time.perf_counter()
         out = engine.generate([prompt], sp, spec=spec)[0]
         dt = time.perf_counter() - t0
+        if clock is not None:
+            clock.by_arm.setdefault(name, []).append(clock.rows[n0:])
         if spec is None:
             base = out.token_ids
         rows.append((name, out, dt, base is not None and out.token_ids == base))
@@ -92,19 +98,23 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     Summary per arm: summed tokens / seconds → ``tok_s``, ``speedup`` over baseline, τ, and
     with ``repeats`` > 1 the 95 % confidence intervals ``tok_s_lo/hi`` and ``speedup_lo/hi``
     over the repeats (each repeat's own tok/s and own baseline ratio). The load average before
-    and after is in ``machine["load"]``. With ``bound``, a traced pass over the first
-    STEP_COST_PROMPTS prompts (the same run, after the timed one; the baseline and the arms in
-    turns per prompt; ``workbench.bench.step_cost``) adds, per speculative arm, in
-    plain-step units: ``verify_ratio`` (the target's forward + logits of a speculative step)
-    and ``draft_ratio`` (its draft forwards: the tree's steps and the extend); ``bound`` =
-    τ / verify_ratio (the speedup if drafting were free too); ``ceiling`` = τ / (verify_ratio +
-    draft_ratio), the speedup if everything but the forwards — schedule, tree building,
-    accept, commit, extend bookkeeping, Python — were free; ``of_ceiling`` = speedup /
-    ceiling; ``overhead``, the per-step overhead over the step's forwards; and for whole prompts
-    as the speedup measures them, ``ceiling_e2e`` = (p + n) / (p' + n · (verify_ratio +
-    draft_ratio) / τ) with n = max_new_tokens − 1 decoded tokens, p the baseline's prefill step
-    (``prefill_ratio``) and p' the arm's prefill forwards (target and draft), and
-    ``of_ceiling_e2e``."""
+    and after is in ``machine["load"]``. With ``bound`` (and a baseline arm), the timed arms run
+    inside a ``step_cost.ForwardClock`` (per step: the model forwards' ms; per row
+    ``forward_seconds``), which adds per speculative arm, from those same steps (decode steps
+    only, the prefill left out), in plain-step units (the baseline's median decode step):
+    ``verify_ratio`` (the target's forward + logits) and ``draft_ratio`` (the draft forwards:
+    the tree's steps and the extend); ``bound`` = τ / verify_ratio (the speedup if drafting were
+    free too); ``ceiling`` = τ / (verify_ratio + draft_ratio), a decode step's speedup if
+    everything but the forwards — schedule, tree building, accept, commit, extend bookkeeping,
+    Python — were free; ``overhead``, the median decode step's time beyond its forwards over its
+    forwards, and ``of_ceiling_step`` = 1 / (1 + overhead), the share of the ceiling a decode
+    step reaches; ``of_ceiling`` = speedup / ceiling (a whole-prompt speedup over a per-step
+    ceiling: the prefill, which no speculation shortens, lowers it); for whole prompts as the
+    speedup measures them, ``ceiling_e2e`` = the baseline's seconds / the arm's forwards'
+    seconds and ``of_ceiling_e2e`` = the arm's forwards' seconds / its seconds (= speedup /
+    ceiling_e2e); ``prefill_ratio``, the baseline's prefill step. A traced pass over the first
+    STEP_COST_PROMPTS prompts (after the timed one; the baseline and the arms in turns per
+    prompt) then says where the overhead sits: ``overhead_<phase>_ms``."""
     from workbench.bench.sanity import LoadSampler, mean_ci
 
     if repeats < 1:
@@ -117,17 +127,23 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     rows = []
     load = LoadSampler().start()
     todo = [(r, i, p) for r in range(repeats) for i, p in enumerate(prompts)]
-    for r, i, p in tqdm(todo, desc="bench spec", unit="prompt", disable=not progress):
-        for name, out, dt, lossless in timed_arms(engine, p, arms, sp):
-            rows.append({"repeat": r, "prompt": i, "arm": name, "tokens": len(out.token_ids),
-                         "seconds": dt, "tok_s": len(out.token_ids) / dt,
-                         "tau": out.metrics.accept_length, "verify_ct": out.metrics.verify_ct,
-                         "lossless": lossless})
+    # with ``bound`` the timed arms run inside the forward clock (a few µs per step): the
+    # ceiling then comes from the very steps the speedup does
+    with ForwardClock(engine) if bound else contextlib.nullcontext() as clock:
+        for r, i, p in tqdm(todo, desc="bench spec", unit="prompt", disable=not progress):
+            for name, out, dt, lossless in timed_arms(engine, p, arms, sp, clock):
+                rows.append({"repeat": r, "prompt": i, "arm": name,
+                             "tokens": len(out.token_ids), "seconds": dt,
+                             "tok_s": len(out.token_ids) / dt,
+                             "tau": out.metrics.accept_length, "verify_ct": out.metrics.verify_ct,
+                             "lossless": lossless})
+                if clock is not None:
+                    rows[-1]["forward_seconds"] = forwards_ms(clock.by_arm[name][-1]) / 1e3
     load.stop()
     df = pd.DataFrame(rows)
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
                                           lossless=("lossless", "all"))
-    # τ of the run as SGLang counts it: tokens per verify over all of them (a prompt with more
+    # τ of the run as SGLang counts it: tokens per verify over all verifies (a prompt with more
     # verifies weighs more, as it does in the summed seconds the speedup comes from)
     verifies = df.groupby("arm", sort=False)["verify_ct"].sum()
     emitted = (df["tau"] * df["verify_ct"]).groupby(df["arm"], sort=False).sum()
@@ -146,34 +162,46 @@ def run_spec_bench(engine: Engine, prompts: list[str],
                 ratio = (ts / per.loc["baseline", "tok_s"]).tolist()
                 _, lo, hi = mean_ci(ratio)
                 g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
-    if bound:
-        from workbench.bench.step_cost import step_costs
+    if clock is not None and "baseline" in clock.by_arm:
+        _ceilings(g, df, clock.by_arm)
+        from workbench.bench.step_cost import phase_costs
 
-        for name, cost in step_costs(engine, prompts[:STEP_COST_PROMPTS], arms, sp).items():
-            g.loc[name, "verify_ratio"] = cost["verify_ratio"]
-            g.loc[name, "bound"] = g.loc[name, "tau"] / cost["verify_ratio"]
-            g.loc[name, "draft_ratio"] = cost["draft_ratio"]
-            g.loc[name, "ceiling"] = g.loc[name, "tau"] / (cost["verify_ratio"] +
-                                                           cost["draft_ratio"])
-            g.loc[name, "of_ceiling"] = g.loc[name, "speedup"] / g.loc[name, "ceiling"]
-            # the same "nothing but forwards" ceiling for what the speedup measures: whole
-            # prompts, whose prefill (no speculation shortens it) precedes max_new_tokens − 1
-            # decoded tokens
-            n = max(1, max_new_tokens - 1)
-            e2e = (cost["prefill_ratio"] + n) / (
-                cost["prefill_fwd_ratio"] + n * (cost["verify_ratio"] + cost["draft_ratio"])
-                / g.loc[name, "tau"])
-            g.loc[name, "ceiling_e2e"] = e2e
-            g.loc[name, "of_ceiling_e2e"] = g.loc[name, "speedup"] / e2e
-            g.loc[name, "overhead"] = cost["overhead"]
-            g.loc[name, "prefill_ratio"] = cost["prefill_ratio"]
-            g.loc[name, "prefill_fwd_ratio"] = cost["prefill_fwd_ratio"]
+        for name, cost in phase_costs(engine, prompts[:STEP_COST_PROMPTS], arms, sp).items():
             for k, v in cost.items():  # where the overhead sits: ms per step by phase
-                if k.startswith("overhead_"):
-                    g.loc[name, k] = v
+                g.loc[name, k] = v
     machine = machine_info()
     machine["load"] = load.as_dict()
     return SpecBenchResult(df, g.reset_index(), machine)
+
+
+def _ceilings(g: pd.DataFrame, df: pd.DataFrame,
+              by_arm: dict[str, list[list[dict[str, float]]]]) -> None:
+    """The ceiling columns of every speculative arm (``run_spec_bench``), from the timed pass's
+    forward clock rows; ``g`` is the per-arm summary, ``df`` the per-prompt rows."""
+    base = [r for call in by_arm["baseline"] for r in call]
+    fwd_s = df.groupby("arm", sort=False)["forward_seconds"].sum()
+    base_s = g.loc["baseline", "seconds"]
+    for name, calls in by_arm.items():
+        steps = [r for call in calls for r in call]
+        if name == "baseline" or not any(r["draft_ms"] > 0 for r in steps):
+            continue
+        cost = decode_costs(base, steps)
+        g.loc[name, "verify_ratio"] = cost["verify_ratio"]
+        g.loc[name, "bound"] = g.loc[name, "tau"] / cost["verify_ratio"]
+        g.loc[name, "draft_ratio"] = cost["draft_ratio"]
+        g.loc[name, "ceiling"] = g.loc[name, "tau"] / (cost["verify_ratio"] +
+                                                       cost["draft_ratio"])
+        g.loc[name, "of_ceiling"] = g.loc[name, "speedup"] / g.loc[name, "ceiling"]
+        g.loc[name, "overhead"] = cost["overhead"]
+        # a decode step's own speedup over a plain one is τ · plain / step, so the share of its
+        # ceiling it reaches is forwards / step: 1 / (1 + overhead), measured per step
+        g.loc[name, "of_ceiling_step"] = 1.0 / (1.0 + cost["overhead"])
+        # whole prompts as the speedup measures them, the prefill included: the baseline's
+        # seconds over this arm's forwards' seconds (everything else free), and the share of
+        # the arm's seconds its forwards took (= speedup / that ceiling)
+        g.loc[name, "ceiling_e2e"] = base_s / fwd_s[name]
+        g.loc[name, "of_ceiling_e2e"] = fwd_s[name] / g.loc[name, "seconds"]
+        g.loc[name, "prefill_ratio"] = cost["prefill_ratio"]
 
 
 def dtype_effect(engine: Engine, prompts: list[Any], max_new_tokens: int = 64,
@@ -253,23 +281,24 @@ def dtype_effect_line(eff: dict[str, Any]) -> str:
 
 
 def ceiling_lines(summary: pd.DataFrame) -> list[str]:
-    """One line per arm with a ceiling: the speedup beside the ceiling measured in the run."""
+    """Per arm with a ceiling: the speedup beside the ceilings measured in the same timed run
+    (per decode step, and over whole prompts), then where the overhead sits."""
     lines = []
     for r in summary.to_dict(orient="records"):
         if pd.isna(r.get("ceiling", float("nan"))):
             continue
         lines.append(
-            f"{r['arm']}: {r['speedup']:.2f}x of a ceiling {r['ceiling']:.2f}x "
+            f"{r['arm']}: {r['speedup']:.2f}x. Per decode step: ceiling {r['ceiling']:.2f}x "
             f"(τ {r['tau']:.2f} / (verify {r['verify_ratio']:.2f} + drafts "
-            f"{r['draft_ratio']:.2f} plain steps, forwards alone)) = {r['of_ceiling']:.2f} of "
-            f"it; per-step overhead {100 * r['overhead']:.0f} % of its forwards")
-        if not pd.isna(r.get("ceiling_e2e", float("nan"))):
-            lines.append(
-                f"  whole prompts (the prefill, {r['prefill_ratio']:.1f} plain steps, "
-                f"included): ceiling {r['ceiling_e2e']:.2f}x, reached "
-                f"{r['of_ceiling_e2e']:.2f} of it")
+            f"{r['draft_ratio']:.2f} plain steps, forwards alone)); a step reaches "
+            f"{r['of_ceiling_step']:.2f} of it (overhead {100 * r['overhead']:.0f} % of its "
+            f"forwards); the whole-prompt {r['speedup']:.2f}x is {r['of_ceiling']:.2f} of it")
+        lines.append(
+            f"  whole prompts (the prefill, {r['prefill_ratio']:.1f} plain steps, included): "
+            f"ceiling {r['ceiling_e2e']:.2f}x (the baseline's time over this arm's forwards' "
+            f"time), reached {r['of_ceiling_e2e']:.2f} of it")
         parts = [f"{k} {r[f'overhead_{k}_ms']:.2f}" for k in PHASES
                  if not pd.isna(r.get(f"overhead_{k}_ms", float("nan")))]
         if parts:
-            lines.append(f"  overhead ms per step by phase: {', '.join(parts)}")
+            lines.append(f"  overhead ms per step by phase (traced pass): {', '.join(parts)}")
     return lines

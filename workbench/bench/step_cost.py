@@ -4,20 +4,29 @@
 forward and logits (a verify, a plain decode or a prefill) and every draft forward (the tree's
 steps and the draft extend, with its feature GEMM) — by wrapping those methods on the engine's
 own model instances for the duration of a ``with`` block (restored afterwards; outputs
-untouched). Each step's row:
-``step`` (the engine's step id), ``total_ms`` (the whole ``Engine.step``), ``target_ms``,
-``draft_ms``. :func:`step_costs` joins them with the trace's step modes:
+untouched; a few µs per step). Each step's row: ``step`` (the engine's step id), ``total_ms``
+(the whole ``Engine.step``), ``target_ms``, ``draft_ms``, and the tree builds, extends and
+prompt passes (``prefill``) with the forwards inside them (``tree_ms``/``tree_fwd_ms``, ...).
 
-* ``verify_ratio`` / ``draft_ratio``: median target / draft forward ms of a speculative step
-  over the median plain step ms (plain-step units, the same run);
-* ``ceiling`` = τ / (verify_ratio + draft_ratio): the speedup if nothing but the forwards cost
-  time (schedule, tree building, accept, commit, extend bookkeeping, Python all free);
-* ``overhead``: median over speculative steps of (step − its forwards) / its forwards;
-* ``overhead_ms``: where that overhead sits, median ms per speculative step by phase (the
-  trace's ``StepTiming`` phases less the forwards run inside them): ``schedule``, ``tree``
-  (building the trees around the draft forwards), ``verify`` (the verify batch around the
-  target forward), ``accept``, ``commit``, ``extend`` (the draft extends' bookkeeping, the
-  cold catch-up's included) and ``other`` (the rest of the step: accounting, tracing, Python).
+``bench spec`` runs its timed arms inside the clock, so the speedup and its ceiling come from
+the same steps (:func:`decode_costs`, :func:`forwards_ms`):
+
+* ``verify_ratio`` / ``draft_ratio``: median target / draft forward ms of an arm's decode steps
+  over the baseline's median decode step (plain-step units);
+* ``ceiling`` = τ / (verify_ratio + draft_ratio): the per-step speedup if nothing but the
+  forwards cost time (schedule, tree building, accept, commit, extend bookkeeping, Python all
+  free);
+* ``overhead``: median over the arm's decode steps of (step − its forwards) / its forwards;
+* over whole prompts, the baseline's time over the arm's forwards' time: the end-to-end
+  speedup with everything but the forwards free (the prefill, which no speculation shortens,
+  included as it is in the speedup).
+
+:func:`phase_costs` says where the overhead sits, median ms per speculative step by phase, from a
+separate traced pass (the trace's ``StepTiming`` phases less the forwards run inside them):
+``schedule``, ``tree`` (building the trees around the draft forwards), ``verify`` (the verify
+batch around the target forward), ``accept``, ``commit``, ``extend`` (the draft extends'
+bookkeeping, the cold catch-up's included) and ``other`` (the rest of the step: accounting,
+tracing, Python).
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ if TYPE_CHECKING:
     from workbench.engine.engine import Engine
 
 
-# ForwardClock's per-step keys: all forwards, and the tree builds / extends with theirs
-KEYS = ("target_ms", "draft_ms", "tree_ms", "tree_fwd_ms", "extend_ms", "extend_fwd_ms")
+# ForwardClock's per-step keys: all forwards, and the tree builds / extends / prompt passes with
+# theirs
+KEYS = ("target_ms", "draft_ms", "tree_ms", "tree_fwd_ms", "extend_ms", "extend_fwd_ms",
+        "prompt_ms", "prompt_fwd_ms")
 PHASES = ("schedule", "tree", "verify", "accept", "commit", "extend", "other")
 
 
@@ -44,6 +55,8 @@ class ForwardClock:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.rows: list[dict[str, float]] = []
+        # per arm, each generate call's rows (``bench.spec.timed_arms`` fills it)
+        self.by_arm: dict[str, list[list[dict[str, float]]]] = {}
         self._cur = dict.fromkeys(KEYS, 0.0)
         self._undo: list[tuple[Any, str]] = []
         self._where: list[str] = []  # "tree" / "extend" while the worker builds / extends
@@ -67,7 +80,7 @@ class ForwardClock:
                     cur[f"{where}_ms"] += ms
                 if key is not None:
                     cur[key] += ms
-                    if inside and key == "draft_ms":
+                    if inside:
                         cur[f"{inside[-1]}_fwd_ms"] += ms
 
         setattr(obj, name, timed)  # an instance attribute: the class is untouched
@@ -83,6 +96,7 @@ class ForwardClock:
         worker = self.engine.worker
         self._wrap(worker, "_draft", None, "tree")
         self._wrap(worker, "extend", None, "extend")
+        self._wrap(worker, "prefill", None, "prompt")  # a step with prompt_ms > 0 prefilled
         step = self.engine.step
 
         def timed_step() -> Any:
@@ -128,46 +142,48 @@ def overhead_ms(r: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def step_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
-               sp: SamplingParams) -> dict[str, dict[str, float]]:
-    """Per speculative arm, from a separate traced pass over ``prompts`` (tracing and the
-    clock cost time of their own, so it is not the timed pass): ``verify_ratio``,
-    ``draft_ratio`` and ``overhead`` (module docstring), and in the same plain-step units
-    ``prefill_ratio`` (the baseline's prefill step, whole) and ``prefill_fwd_ratio`` (the arm's
-    prefill step, its forwards alone: the target's and the draft's pass over the prompt)."""
-    # the baseline and every arm take turns per prompt: the plain-step unit and each arm's
-    # forwards are timed under the same conditions (one pass per arm drifted apart by up to
-    # 15 % between them on a quiet 2-core machine)
+def phase_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig | None],
+                sp: SamplingParams) -> dict[str, dict[str, float]]:
+    """Per speculative arm, where its decode steps' overhead sits (``overhead_<phase>_ms``,
+    module docstring), from a separate traced pass over ``prompts``: the phases come from the
+    trace's ``StepTiming`` events, which cost time of their own, so this is not the timed pass.
+    The baseline and every arm take turns per prompt (they share the machine's drift)."""
     named: dict[str, SpecConfig | None] = {"": None}
     named.update((k, v) for k, v in arms.items() if v is not None)
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in named}
     for p in prompts:
         for name, spec in named.items():
             runs[name] += _run(engine, [p], sp, spec)
-    base = runs.pop("")
-    plain = statistics.median(r["total_ms"] for r in base
-                              if r["mode"] == "plain" and not r["prefill_ms"])
-    # the prompt's prefill step, whole, in the baseline (the same in every arm)
-    prefill = _median([r["total_ms"] for r in base if r["mode"] == "prefill"])
+    runs.pop("")
     out: dict[str, dict[str, float]] = {}
     for name, rows in runs.items():
-        steps = [r for r in rows if r["mode"] == "spec"]
-        if not steps:
-            continue
-        # that step's forwards alone in this arm (its draft's pass over the prompt included)
-        prefill_fwd = _median([r["target_ms"] + r["draft_ms"] for r in rows
-                               if r["mode"] == "prefill"])
-        verify = statistics.median(r["target_ms"] for r in steps)
-        draft = statistics.median(r["draft_ms"] for r in steps)
-        over = statistics.median(r["total_ms"] / (r["target_ms"] + r["draft_ms"]) - 1.0
-                                 for r in steps)
-        by_phase = [overhead_ms(r) for r in steps]
-        out[name] = {"verify_ratio": verify / plain, "draft_ratio": draft / plain,
-                     "prefill_ratio": prefill / plain, "prefill_fwd_ratio": prefill_fwd / plain,
-                     "overhead": over,
-                     **{f"overhead_{k}_ms": statistics.median(p[k] for p in by_phase)
-                        for k in PHASES}}
+        by_phase = [overhead_ms(r) for r in rows if r["mode"] == "spec"]
+        if by_phase:
+            out[name] = {f"overhead_{k}_ms": statistics.median(p[k] for p in by_phase)
+                         for k in PHASES}
     return out
+
+
+def decode_costs(base: list[dict[str, float]], rows: list[dict[str, float]]
+                 ) -> dict[str, float]:
+    """One speculative arm's decode steps against the baseline's, from ForwardClock rows of the
+    same timed pass (every prompt and repeat; a row with ``prompt_ms`` > 0 prefilled and is left
+    out): ``verify_ratio``, ``draft_ratio`` (median forwards ms of the arm's decode steps over
+    the baseline's median decode step), ``overhead`` (median over the arm's decode steps of
+    (step − its forwards) / its forwards) and ``prefill_ratio`` (the baseline's median prefill
+    step in the same unit). NaN where a kind of step is missing."""
+    plain = _median([r["total_ms"] for r in base if not r["prompt_ms"]])
+    steps = [r for r in rows if not r["prompt_ms"] and r["target_ms"] + r["draft_ms"] > 0]
+    return {"verify_ratio": _median([r["target_ms"] for r in steps]) / plain,
+            "draft_ratio": _median([r["draft_ms"] for r in steps]) / plain,
+            "overhead": _median([r["total_ms"] / (r["target_ms"] + r["draft_ms"]) - 1.0
+                                 for r in steps]),
+            "prefill_ratio": _median([r["total_ms"] for r in base if r["prompt_ms"]]) / plain}
+
+
+def forwards_ms(rows: list[dict[str, float]]) -> float:
+    """The model forwards' ms in ``rows`` (the target's and the draft's, every step)."""
+    return sum(r["target_ms"] + r["draft_ms"] for r in rows)
 
 
 def _median(xs: list[float]) -> float:
