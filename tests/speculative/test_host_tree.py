@@ -4,6 +4,7 @@ field: the same draft calls (tokens, positions, ancestors), the same tree, ties 
 from __future__ import annotations
 
 import math
+from array import array
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from speculative.test_drafter import (
     run_draft,
 )
 
+from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
 from workbench.speculative.drafter import draft_tree
+from workbench.speculative.host_tree import target_list
 
 
 def both(dist: object, steps: int, topk: int, n: int, root_pos: int,
@@ -72,3 +75,106 @@ def test_host_tree_takes_a_float_or_tensor_temperature_alike() -> None:
     a = draft_tree(*args, score_temperature=0.4)  # type: ignore[arg-type]
     b = draft_tree(*args, score_temperature=torch.tensor([0.4]))  # type: ignore[arg-type]
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.scores, b.scores)
+
+
+def test_host_float32_sums_are_the_tensor_sums() -> None:
+    """The host scores: a float32 + float32 sum done in double, rounded by ``array('f')``, is
+    bit for bit torch's float32 sum (ties to even, extreme exponents, subnormals, ±inf), and
+    ``0.0 if v > 0.0 else v`` is ``clamp(max=0)`` (NaN and -inf kept)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.cat([-torch.rand(20000, generator=g) * 30,
+                   -torch.exp(torch.randn(20000, generator=g) * 20),  # 1e-40 .. 1e+40
+                   torch.tensor([0.0, -0.0, -1e-45, -3.4e38, float("-inf"), 2.0 ** -24,
+                                 1.0, -1.0 - 2.0 ** -23])])
+    b = a[torch.randperm(a.numel(), generator=g)]
+    host = array("f", [x + y for x, y in zip(a.tolist(), b.tolist(), strict=True)])
+    want = (a + b).tolist()
+    assert [math.isnan(x) for x in host] == [math.isnan(x) for x in want]
+    assert all(x == y or math.isnan(x) for x, y in zip(host, want, strict=True))
+    # the sign of a zero is kept too (the tensor path's scores are compared by value only)
+    assert torch.equal(torch.frombuffer(host, dtype=torch.int32), (a + b).view(torch.int32))
+    v = torch.tensor([1e-7, 0.0, -0.0, -1e-30, float("-inf"), float("nan"), 3.0, -2.5])
+    clamped = [0.0 if x > 0.0 else x for x in v.tolist()]
+    assert torch.equal(torch.tensor(clamped).view(torch.int32),
+                       v.clamp(max=0.0).view(torch.int32))
+
+
+class _ExtremeDraft(FakeDraft):
+    """The fake draft with -inf and huge logits: -inf log-probs (tied), exact-0 tops."""
+
+    def __call__(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                 attn: object) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, out = super().__call__(tokens, hidden, positions, attn)
+        logits[:, 3:] = float("-inf")
+        logits[:, 1] = float("-inf")  # two finite children per row: K − 2 of -inf
+        logits[1::2, 0] = 1e4  # a row whose top has log-prob 0, the other -1e4
+        return logits, out
+
+
+@pytest.mark.parametrize("temperature", [None, 0.5])
+def test_host_tree_equals_the_tensor_path_with_inf_and_certain_rows(
+        temperature: float | None) -> None:
+    dist = random_dist(21, 30)
+    trees = []
+    for on_step in (None, lambda *_: None):
+        fake = _ExtremeDraft(dist)
+        logits0 = torch.tensor([[math.log(p) for p in dist(0, ())]])
+        logits0[0, 2::3] = float("-inf")
+        args = (fake, logits0, torch.tensor([encode(0, ())]), torch.tensor([7]),
+                torch.tensor([9]), [torch.arange(9)], torch.zeros(1, 64, 1, 2),
+                torch.zeros(1, 64, 1, 2), 5, 4, 40)
+        trees.append(draft_tree(*args, on_step=on_step,  # type: ignore[arg-type]
+                                score_temperature=temperature))
+    h, t = trees
+    assert bool(torch.isinf(h.scores).any())  # -inf candidates made it into the tree
+    assert bool((h.scores < -1e3).logical_and(h.scores > -1e5).any())  # very negative ones
+    for field in ("tokens", "parents", "depth", "positions", "mask", "scores", "draft_probs"):
+        assert torch.equal(getattr(h, field), getattr(t, field)), field
+
+
+def test_target_list_follows_its_table() -> None:
+    """The host copy of the draft → target table is made once per table, again when the table
+    is replaced or written in place."""
+    table = torch.arange(10) + 5
+    first = target_list(table)
+    assert first == list(range(5, 15)) and target_list(table) is first
+    table[3] = 99
+    assert target_list(table)[3] == 99
+    other = torch.arange(10)
+    assert target_list(other) == list(range(10))
+    with torch.inference_mode():
+        frozen = torch.arange(4) * 2  # an inference tensor: no version counter
+    assert target_list(frozen) == [0, 2, 4, 6] and target_list(frozen) is target_list(frozen)
+
+
+@pytest.mark.parametrize("lens", [[7], [6, 6], [3, 8]])
+def test_tree_draft_attention_against_a_reference(lens: list[int]) -> None:
+    """TreeDraftAttention (one request, equal and unequal prefixes): each frontier query sees
+    its request's prefix and its own ancestors, as plain softmax attention computes it."""
+    g = torch.Generator().manual_seed(3)
+    h, hkv, hd, k, steps = 4, 2, 8, 3, 3
+    k_pool, v_pool = (torch.randn(1, 40, hkv, hd, generator=g) for _ in range(2))
+    slots = [torch.randperm(40, generator=g)[:n] for n in lens]
+    b = len(lens)
+    attn = TreeDraftAttention(k_pool, v_pool, h, slots, max_tree=steps * k)
+    tree_k: list[torch.Tensor] = []  # per step (B, K, Hkv, hd)
+    tree_v: list[torch.Tensor] = []
+    for step in range(1, steps + 1):
+        anc = torch.rand(b, k, step * k, generator=g) < 0.5
+        anc[:, :, -k:] = torch.eye(k, dtype=torch.bool)
+        q = torch.randn(b * k, h, hd, generator=g)
+        kn, vn = (torch.randn(b * k, hkv, hd, generator=g) for _ in range(2))
+        attn.set_frontier(anc)
+        got = attn.run(0, q, kn, vn).view(b, k, h, hd)
+        tree_k.append(kn.view(b, k, hkv, hd))
+        tree_v.append(vn.view(b, k, hkv, hd))
+        for r in range(b):
+            keys = torch.cat([k_pool[0, slots[r]]] + [t[r] for t in tree_k])  # (L, Hkv, hd)
+            vals = torch.cat([v_pool[0, slots[r]]] + [t[r] for t in tree_v])
+            see = torch.cat([torch.ones(k, lens[r], dtype=torch.bool), anc[r]], 1)
+            for i in range(k):
+                for head in range(h):
+                    kv = head // (h // hkv)
+                    s = keys[:, kv] @ q.view(b, k, h, hd)[r, i, head] / math.sqrt(hd)
+                    w = torch.softmax(s.masked_fill(~see[i], float("-inf")), 0)
+                    torch.testing.assert_close(got[r, i, head], w @ vals[:, kv])

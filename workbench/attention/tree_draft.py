@@ -28,7 +28,8 @@ class TreeDraftAttention:
         dev = k_pool.device  # prefix slots arrive on the host (KVPool.slots)
         # shorter prefixes padded with slot 0 (masked out below)
         idx = prefix_slots[0] if b == 1 else pad_sequence(prefix_slots, batch_first=True).flatten()
-        idx = idx.to(dev)
+        if idx.device != dev:
+            idx = idx.to(dev)
         # the prefix is gathered straight into the buffer (one copy, not gather + cat)
         self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
         self.v_buf = v_pool.new_empty(b, lk + max_tree, *v_pool.shape[2:])
@@ -38,9 +39,11 @@ class TreeDraftAttention:
         else:
             self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
             self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
-        # which prefix rows are real (the rest pad shorter prefixes): built in one or two ops
-        self.pre_valid = torch.ones(b, lk, dtype=torch.bool, device=dev) if min(lens) == lk \
+        # which prefix rows are real (the rest pad shorter prefixes); None: all of them (one
+        # request, or prefixes of one length)
+        self.pre_valid = None if min(lens) == lk \
             else torch.arange(lk, device=dev) < torch.tensor(lens, device=dev).view(b, 1)
+        self.dev = dev
         self.lp, self.n_tree, self.cap = lk, 0, max_tree
         self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at the first run
         self.b, self.h = b, num_heads
@@ -65,9 +68,13 @@ class TreeDraftAttention:
         self.v_buf[:, lo:n] = v.view(b, -1, *v.shape[1:])
         self.n_tree += kq
         if self.mask_buf is None or self.mask_buf.shape[1] != kq:
-            self.mask_buf = torch.zeros(b, kq, self.lp + self.cap, dtype=torch.bool,
-                                        device=self.pre_valid.device)
-            self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
+            # the prefix columns as pre_valid, the tree's written below before they are read
+            shape = (b, kq, self.lp + self.cap)
+            if self.pre_valid is None:
+                self.mask_buf = torch.ones(shape, dtype=torch.bool, device=self.dev)
+            else:
+                self.mask_buf = torch.zeros(shape, dtype=torch.bool, device=self.dev)
+                self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
         self.mask_buf[:, :, self.lp : n] = self.anc
         o = F.scaled_dot_product_attention(
             q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),

@@ -9,17 +9,59 @@ torch's dispatch state out of the caches; a tensor op there costs several times 
 (measured on the 2-core EPYC: the accept's ~20 ops take 59 µs warm, 262 µs after a 64 MB
 stream), and a list operation touches far less. On a GPU the tensor path stays: no host copy.
 
-Only the vocabulary-wide work stays in torch: the log-softmax and top-K over the draft
-vocabulary, the score additions (float32, as the tensor path), the hidden-state gather.
+Only the vocabulary-wide work stays in torch: per step the log-softmax and top-K over the
+draft vocabulary and the hidden-state gather, and the draft probabilities' ``exp`` once.
+The rest is host floats, ints and bytes:
+
+* the clamp and the score sums: a sum of two float32 numbers computed in double and rounded
+  to float32 (``array('f')``) is the correctly rounded float32 sum, i.e. the tensor path's
+  (double has 53 ≥ 2·24 + 2 bits, so the double rounding is innocuous); ``0.0 if v > 0.0
+  else v`` is ``clamp(max=0)``, -inf and NaN included;
+* draft id → target id through a host copy of ``draft.target_ids()`` (made once per table);
+* the tensors the draft reads (frontier tokens, positions, hidden-row picks, ancestor rows)
+  and the tree's fields come from ``array``/``bytearray`` buffers (``torch.frombuffer``,
+  several times cheaper than ``torch.tensor`` of a list), one buffer per kind, rows as views.
 """
 
 from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
 
 import torch
 
 from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
 from workbench.models.eagle3 import Eagle3Draft
+
+# id(table) → (table, its version or None, table.tolist()): the table is held, so its id is
+# not reused while cached; a few tables at most (one per draft in the process)
+_TARGET_LISTS: dict[int, tuple[torch.Tensor, int | None, list[int]]] = {}
+_MAX_TABLES = 4
+
+
+def target_list(table: torch.Tensor) -> list[int]:
+    """``table.tolist()``, made once per table (``Eagle3Draft.target_ids`` makes a new table
+    when ``d2t`` changes) and again after an in-place write to a table that tracks its version
+    (an inference tensor does not: it is only ever replaced)."""
+    hit = _TARGET_LISTS.get(id(table))
+    version = None if table.is_inference() else table._version
+    if hit is None or hit[0] is not table or hit[1] != version:
+        if len(_TARGET_LISTS) >= _MAX_TABLES:
+            del _TARGET_LISTS[next(iter(_TARGET_LISTS))]  # the oldest
+        hit = (table, version, table.tolist())
+        _TARGET_LISTS[id(table)] = hit
+    return hit[2]
+
+
+def _longs(values: list[int], rows: int) -> torch.Tensor:
+    """(rows, len / rows) int64 from a host list, without ``torch.tensor``'s list walk."""
+    return torch.frombuffer(array("q", values), dtype=torch.int64).view(rows, -1)
+
+
+def _bools(rows: Sequence[bytes | bytearray], n: int) -> torch.Tensor:
+    """(1, len(rows), n) bool from rows of n bytes, each 0 or 1."""
+    return torch.frombuffer(bytearray().join(rows), dtype=torch.bool).view(1, -1, n)
 
 
 @torch.inference_mode()
@@ -30,76 +72,85 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
                    inv_t: torch.Tensor | float | None) -> DraftTree:
     """``draft_tree`` (same arguments) for B = 1 on the CPU, without tracing; ``inv_t`` is
     1 / the score temperature (a float, a (1, 1) tensor, or None)."""
-    dev = logits0.device
-    to_target = draft.target_ids()
+    if logits0.device.type != "cpu":
+        raise ValueError(f"draft_tree_one: logits0 on {logits0.device}; the host tree is "
+                         "CPU-only")
+    to_target = target_list(draft.target_ids())
     x = logits0.float() if inv_t is None else logits0.float() * inv_t
     lp0, ids0 = torch.topk(torch.log_softmax(x, -1), k, dim=-1)  # (1, K)
-    lp0 = lp0.clamp(max=0.0)  # a log-prob can round above 0: at most one per row
-    f_tok = to_target[ids0[0]]  # (K,)
     # every candidate in creation order: target token, parent candidate (-1: the root),
-    # cumulative score, own log-prob; the frontier by candidate index
-    c_tok: list[int] = f_tok.tolist()
-    c_lp: list[float] = lp0[0].tolist()
+    # cumulative score, own log-prob (clamped: a log-prob can round above 0); the frontier by
+    # candidate index, and its scores
+    c_lp = [0.0 if v > 0.0 else v for v in lp0.tolist()[0]]
+    c_tok = list(map(to_target.__getitem__, ids0.tolist()[0]))
     c_score, c_par = list(c_lp), [-1] * k
-    front = list(range(k))
-    f_scores = lp0.view(k, 1)
+    front, f_scores = list(range(k)), list(c_lp)
+    root, pos0 = root_tokens.tolist()[0], root_pos.tolist()[0]
     hidden = hidden0.expand(k, -1).contiguous()
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
-    # the frontier's ancestors-or-self among the tree entries the draft has seen, per row
-    anc = [[i == j for i in range(k)] for j in range(k)]
-    pos0 = root_pos.expand(k)  # a frontier node's position: the root's + step − 1
+    # the frontier's ancestors-or-self among the tree entries the draft has seen, a row of
+    # bytes (0/1) per frontier node; the identity rows each step's new entries add
+    eye = [bytes(j) + b"\x01" + bytes(k - 1 - j) for j in range(k)]
+    anc = eye
+    # the frontier's tokens, its positions (a frontier node's: the root's + step − 1) and,
+    # from step 2, the forward rows its hidden states come from: one buffer, rows as views
+    ints = _longs(c_tok + [pos0] * k, 2)
     for step in range(1, num_steps):
-        attn.set_frontier(torch.tensor(anc, dtype=torch.bool, device=dev).view(1, k, -1))
-        logits, out = draft(f_tok, hidden, pos0 if step == 1 else pos0 + (step - 1), attn)
+        attn.set_frontier(_bools(anc, step * k))
+        logits, out = draft(ints[0], hidden, ints[1], attn)
         x = logits if inv_t is None else logits * inv_t
         lp, ids = torch.topk(torch.log_softmax(x, dim=-1), k, dim=-1)  # (K, K)
-        lp = lp.clamp(max=0.0)
-        scores: list[float] = (f_scores + lp).view(-1).tolist()  # float32, then exact floats
-        toks: list[int] = to_target[ids.view(-1)].tolist()
+        lps = [0.0 if v > 0.0 else v for v in lp.view(-1).tolist()]
+        scores = array("f", [f + v for f, row in zip(f_scores, _rows(lps, k), strict=True)
+                             for v in row]).tolist()
+        toks = list(map(to_target.__getitem__, ids.view(-1).tolist()))
         base = len(c_tok)
         c_tok += toks
-        c_lp += lp.view(-1).tolist()
+        c_lp += lps
         c_score += scores
-        c_par += [front[j // k] for j in range(k * k)]
+        c_par += [f for f in front for _ in range(k)]
         if step == num_steps - 1:
             break  # the last step's children propose nothing: no frontier to pick
-        pick = sorted(range(k * k), key=lambda j: -scores[j])[:k]  # stable: ties by creation
+        # the best K (stable: ties by creation order, as reverse=True keeps equal keys' order)
+        pick = sorted(range(k * k), key=scores.__getitem__, reverse=True)[:k]
         rows = [j // k for j in pick]
         front = [base + j for j in pick]
-        f_tok = torch.tensor([toks[j] for j in pick], device=dev)
-        f_scores = torch.tensor([scores[j] for j in pick], dtype=torch.float32,
-                                device=dev).view(k, 1)
-        hidden = out.index_select(0, torch.tensor(rows, device=dev))
-        anc = [anc[r] + [i == j for i in range(k)] for j, r in enumerate(rows)]
-    return _tree(int(root_tokens[0]), int(root_pos[0]), c_tok, c_par, c_score, c_lp,
-                 num_draft_tokens, dev)
+        f_scores = list(map(scores.__getitem__, pick))
+        ints = _longs(list(map(toks.__getitem__, pick)) + [pos0 + step] * k + rows, 3)
+        hidden = out.index_select(0, ints[2])
+        anc = [anc[r] + e for r, e in zip(rows, eye, strict=True)]
+    return _tree(root, pos0, c_tok, c_par, c_score, c_lp, num_draft_tokens)
+
+
+def _rows(values: list[float], k: int) -> list[list[float]]:
+    return [values[i : i + k] for i in range(0, len(values), k)]
 
 
 def _tree(root: int, root_pos: int, c_tok: list[int], c_par: list[int], c_score: list[float],
-          c_lp: list[float], num_draft_tokens: int, dev: torch.device) -> DraftTree:
+          c_lp: list[float], num_draft_tokens: int) -> DraftTree:
     """``build_tree`` + ``finish_tree`` for one request on lists: the best N−1 candidates by
     score (stable), in creation order (parents first), under the root."""
     keep = min(num_draft_tokens - 1, len(c_tok))
-    chosen = sorted(sorted(range(len(c_tok)), key=lambda i: -c_score[i])[:keep])
-    node = {c: i + 1 for i, c in enumerate(chosen)}
+    n = keep + 1
+    chosen = sorted(sorted(range(len(c_tok)), key=c_score.__getitem__, reverse=True)[:keep])
+    node = {c: i for i, c in enumerate(chosen, 1)}
     parents, depth = [-1], [0]
-    mask = [[True] + [False] * keep]
+    # each node's ancestors-or-self, a row of n bytes (0/1)
+    mask: list[bytes | bytearray] = [b"\x01" + bytes(keep)]
     for i, c in enumerate(chosen, 1):
         p = 0 if c_par[c] < 0 else node.get(c_par[c], -1)
         if p < 0:
             raise AssertionError("draft tree: a selected node's parent was not selected")
         parents.append(p)
         depth.append(depth[p] + 1)
-        row = list(mask[p])
-        row[i] = True
+        row = bytearray(mask[p])
+        row[i] = 1
         mask.append(row)
-    n = keep + 1
-    ints = torch.tensor([[root] + [c_tok[c] for c in chosen], parents, depth,
-                         [root_pos + d for d in depth]], dtype=torch.int64, device=dev)
-    floats = torch.tensor([[0.0] + [c_score[c] for c in chosen],
-                           [0.0] + [c_lp[c] for c in chosen]], dtype=torch.float32, device=dev)
-    return DraftTree(tokens=ints[0].view(1, n), parents=ints[1].view(1, n),
-                     depth=ints[2].view(1, n), positions=ints[3].view(1, n),
-                     mask=torch.tensor(mask, dtype=torch.bool, device=dev).view(1, n, n),
-                     scores=floats[0].view(1, n), draft_probs=floats[1].exp().view(1, n))
+    ints = _longs([root] + list(map(c_tok.__getitem__, chosen)) + parents + depth
+                  + [root_pos + d for d in depth], 4)
+    floats = torch.frombuffer(array("f", [0.0] + list(map(c_score.__getitem__, chosen)) + [0.0]
+                                    + list(map(c_lp.__getitem__, chosen))),
+                              dtype=torch.float32).view(2, n)
+    return DraftTree(tokens=ints[0:1], parents=ints[1:2], depth=ints[2:3], positions=ints[3:4],
+                     mask=_bools(mask, n), scores=floats[0:1], draft_probs=floats[1:2].exp())
