@@ -244,6 +244,9 @@ class VerifyResult:
     accept_len: torch.Tensor  # (B,) accepted draft nodes, bonus excluded
     bonus: torch.Tensor  # (B,)
     target_tokens: torch.Tensor  # (B, N) target argmax (greedy) at each node
+    # the same accept_index rows, accept_len and bonus, and the tree's tokens, as host lists
+    # when the acceptance already ran on the host (the CPU greedy walk); None otherwise
+    host: tuple[list[list[int]], list[int], list[int], list[list[int]]] | None = None
 
 
 @dataclass(frozen=True)

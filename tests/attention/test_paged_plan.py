@@ -31,6 +31,7 @@ def test_slots_fast_path_matches_the_block_table() -> None:
         pos = torch.arange(start, end)
         table = torch.tensor(blocks, dtype=torch.int64)
         assert pool.slots(blocks, start, end).tolist() == (table[pos // 4] * 4 + pos % 4).tolist()
+        assert pool.slot_list(blocks, start, end) == pool.slots(blocks, start, end).tolist()
 
 
 def _run(att: PagedAttention, q: torch.Tensor, k: torch.Tensor,

@@ -96,6 +96,11 @@ class KVPool:
         table = torch.tensor(blocks, dtype=torch.int64, device="cpu")
         return table[pos // self.page_size] * self.page_size + pos % self.page_size
 
+    def slot_list(self, blocks: list[int], start: int, end: int) -> list[int]:
+        """:meth:`slots` as host ints, for callers that read them on the host (no tensor)."""
+        page = self.page_size
+        return [blocks[p // page] * page + p % page for p in range(start, end)]
+
     def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
         from workbench.kernels import compact_kv

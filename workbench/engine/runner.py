@@ -287,7 +287,7 @@ class ModelRunner:
                              _cat(toks), _cat(pos))
         q_lens = batch.q_lens
         hidden = self.draft.features(_cat(feats))
-        ends = torch.tensor(list(itertools.accumulate(q_lens)), device=dev) - 1
+        ends = torch.tensor([e - 1 for e in itertools.accumulate(q_lens)], device=dev)
         # logits only where the next draft starts (a catch-up over m positions needs 1 row)
         logits, out = self.draft_forward(batch, hidden, logit_rows=ends)
         return logits, out, ends, q_lens

@@ -262,7 +262,8 @@ class EagleWorker:
         # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
         with phase(phases, "commit", fault="commit"):
             assert aux_all is not None
-            accepted = res.accept_len.tolist()  # one device read for the batch
+            # one device read for the batch (none when the accept ran on the host)
+            accepted = res.accept_len.tolist() if res.host is None else res.host[1]
             keep = self._commit(reqs, tree, res, accepted, logits,
                                 aux_all[: b * n].view(b, n, -1), outputs)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
@@ -310,7 +311,7 @@ class EagleWorker:
         assert pool is not None
         n = tree.num_nodes
         # one device read each for the batch; the per-request work below is on host lists
-        acc_rows = res.accept_index.tolist()
+        acc_rows = res.accept_index.tolist() if res.host is None else res.host[0]
         src: list[int] = []
         dst: list[int] = []
         ok: list[tuple[int, Request, int, list[int]]] = []
@@ -321,7 +322,7 @@ class EagleWorker:
             path = acc_rows[i][: m + 1]
             moved = [j for j in range(1, m + 1) if path[j] != j]  # node 0 (the root) stays
             if moved:
-                slots = pool.slots(r.blocks, r.kv_len, r.kv_len + n).tolist()
+                slots = pool.slot_list(r.blocks, r.kv_len, r.kv_len + n)
                 src.extend(slots[path[j]] for j in moved)
                 dst.extend(slots[j] for j in moved)
             ok.append((i, r, m, path))
@@ -330,8 +331,8 @@ class EagleWorker:
             pool.compact(torch.tensor(src, dtype=torch.int64, device="cpu"),
                          torch.tensor(dst, dtype=torch.int64, device="cpu"))
         keep: list[Request] = []
-        bonus = res.bonus.tolist()
-        tokens = tree.tokens.tolist()
+        bonus, tokens = (res.bonus.tolist(), tree.tokens.tolist()) if res.host is None else \
+            (res.host[2], res.host[3])
         for i, r, m, path in ok:
             new = [tokens[i][p] for p in path[1:]] + [bonus[i]]
             if self.trace.wants(ev.TreeBuilt, ev.Verified):

@@ -137,6 +137,16 @@ def greedy_accept_walk(
     """:func:`greedy_accept` as a plain Python walk over the rows (CPU dispatch: at B·N of a
     few dozen, a hundred tiny tensor ops cost more than the walk itself). Same contract and
     results (tests/kernels checks them equal)."""
+    return greedy_accept_host(candidates, parents, target_predict)[0]
+
+
+def greedy_accept_host(
+    candidates: torch.Tensor, parents: torch.Tensor, target_predict: torch.Tensor
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+           tuple[list[list[int]], list[int], list[int], list[list[int]]]]:
+    """:func:`greedy_accept_walk`'s tensors, and the same results as the host lists the walk
+    made (accept_index rows, accept_len, bonus, and the candidates it read), for a caller that
+    reads them on the host next (the engine's commit) without reading the tensors back."""
     batch, nodes = check_greedy_accept_args(candidates, parents, target_predict)
     cand, par, pred = candidates.tolist(), parents.tolist(), target_predict.tolist()
     check_tree_rows(par)
@@ -155,7 +165,8 @@ def greedy_accept_walk(
     out = torch.tensor([idx + [n, t] for idx, n, t in zip(accept_index, accept_len, bonus,
                                                           strict=True)],
                        dtype=torch.int64, device=candidates.device).view(batch, nodes + 2)
-    return out[:, :nodes], out[:, nodes], out[:, nodes + 1]
+    return ((out[:, :nodes], out[:, nodes], out[:, nodes + 1]),
+            (accept_index, accept_len, bonus, cand))
 
 
 def _inverse_cdf(p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 
 from workbench import kernels
 from workbench.core import DraftTree, Request, VerifyResult
+from workbench.kernels import reference
 from workbench.sampler import argmax_rows, process_probs, valid_distribution
 
 
@@ -76,6 +77,12 @@ def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     """target_logits (B, N, V) → longest path whose tokens equal the target's argmax at the
     parent, then the bonus = argmax at the last accepted node."""
     predict = argmax_rows(target_logits)  # (B, N)
+    if predict.device.type == "cpu" and kernels.backend_for(predict.device) == "reference":
+        # the CPU walk (kernels.greedy_accept's choice there); its host lists ride along
+        (idx, n_acc, bonus), host = reference.greedy_accept_host(tree.tokens, tree.parents,
+                                                                 predict)
+        return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
+                            target_tokens=predict, host=host)
     idx, n_acc, bonus = kernels.greedy_accept(tree.tokens, tree.parents, predict)
     return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict)
 
