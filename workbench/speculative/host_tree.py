@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from operator import add
 
 import torch
 
@@ -76,7 +77,8 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
         raise ValueError(f"draft_tree_one: logits0 on {logits0.device}; the host tree is "
                          "CPU-only")
     to_target = target_list(draft.target_ids())
-    x = logits0.float() if inv_t is None else logits0.float() * inv_t
+    x = logits0 if logits0.dtype == torch.float32 else logits0.float()
+    x = x if inv_t is None else x * inv_t  # not in place: logits0 is the request's
     lp0, ids0 = torch.topk(torch.log_softmax(x, -1), k, dim=-1)  # (1, K)
     # every candidate in creation order: target token, parent candidate (-1: the root),
     # cumulative score, own log-prob (clamped: a log-prob can round above 0); the frontier by
@@ -84,7 +86,8 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
     c_lp = [0.0 if v > 0.0 else v for v in lp0.tolist()[0]]
     c_tok = list(map(to_target.__getitem__, ids0.tolist()[0]))
     c_score, c_par = list(c_lp), [-1] * k
-    front, f_scores = list(range(k)), list(c_lp)
+    front = list(range(k))
+    f_scores = [v for v in c_lp for _ in range(k)]  # each frontier score, once per child
     root, pos0 = root_tokens.tolist()[0], root_pos.tolist()[0]
     hidden = hidden0.expand(k, -1).contiguous()
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
@@ -99,11 +102,11 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
     for step in range(1, num_steps):
         attn.set_frontier(_bools(anc, step * k))
         logits, out = draft(ints[0], hidden, ints[1], attn)
-        x = logits if inv_t is None else logits * inv_t
+        # in place: the draft's logits are its fresh output, read only here
+        x = logits if inv_t is None else logits.mul_(inv_t)
         lp, ids = torch.topk(torch.log_softmax(x, dim=-1), k, dim=-1)  # (K, K)
         lps = [0.0 if v > 0.0 else v for v in lp.view(-1).tolist()]
-        scores = array("f", [f + v for f, row in zip(f_scores, _rows(lps, k), strict=True)
-                             for v in row]).tolist()
+        scores = array("f", map(add, f_scores, lps)).tolist()
         toks = list(map(to_target.__getitem__, ids.view(-1).tolist()))
         base = len(c_tok)
         c_tok += toks
@@ -116,15 +119,11 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
         pick = sorted(range(k * k), key=scores.__getitem__, reverse=True)[:k]
         rows = [j // k for j in pick]
         front = [base + j for j in pick]
-        f_scores = list(map(scores.__getitem__, pick))
+        f_scores = [scores[j] for j in pick for _ in range(k)]
         ints = _longs(list(map(toks.__getitem__, pick)) + [pos0 + step] * k + rows, 3)
         hidden = out.index_select(0, ints[2])
         anc = [anc[r] + e for r, e in zip(rows, eye, strict=True)]
     return _tree(root, pos0, c_tok, c_par, c_score, c_lp, num_draft_tokens)
-
-
-def _rows(values: list[float], k: int) -> list[list[float]]:
-    return [values[i : i + k] for i in range(0, len(values), k)]
 
 
 def _tree(root: int, root_pos: int, c_tok: list[int], c_par: list[int], c_score: list[float],
