@@ -74,8 +74,7 @@ class PagedAttention:
         if host is not None and host[-1] - host[0] == lk - 1 and \
                 host == list(range(host[0], host[0] + lk)):
             lo = host[0]
-            self.span_k = self.k_pool[:, lo : lo + lk].unsqueeze(1).transpose(2, 3)
-            self.span_v = self.v_pool[:, lo : lo + lk].unsqueeze(1).transpose(2, 3)
+            self.span_k, self.span_v = _span(self.k_pool, lo, lk), _span(self.v_pool, lo, lk)
             w0 = lo + lk - lq  # the new tokens are the last q of the request's slots
             self.run_k = self.k_pool[:, w0 : w0 + lq]
             self.run_v = self.v_pool[:, w0 : w0 + lq]
@@ -103,8 +102,9 @@ class PagedAttention:
         # cached causal block or its tree mask, everything else -inf.
         if b == 1:  # one request (q = lq, n = lk): its prefix columns, then its own block
             tm = tree_masks[0] if tree_masks is not None else None
-            block = self._causal(lq) if tm is None else torch.where(
-                tm, 0.0, float("-inf")).to(self.sdpa_dtype)
+            block = self._causal(lq) if tm is None else torch.where(tm, 0.0, float("-inf"))
+            if block.dtype != self.sdpa_dtype:
+                block = block.to(self.sdpa_dtype)
             self.mask = torch.cat([block.new_zeros(lq, lk - lq), block], 1).view(1, 1, lq, lk)
             return
         mask = torch.full((b, 1, lq, lk), float("-inf"), dtype=self.sdpa_dtype, device=dev)
@@ -161,3 +161,14 @@ class PagedAttention:
         o = o.to(dt)
         o = o.transpose(1, 2).reshape(b * lq, q.shape[1], vv.shape[-1])  # MLA: v dim < q dim
         return o if self.q_index is None else o[self.q_index]
+
+
+def _span(pool: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+    """``pool[:, lo:lo + n].unsqueeze(1).transpose(2, 3)`` — every layer's (1, Hkv, n, hd)
+    keys of slots [lo, lo + n) — as one strided view (one op instead of three)."""
+    if not pool.is_contiguous():
+        return pool[:, lo : lo + n].unsqueeze(1).transpose(2, 3)
+    layers, _, hkv, hd = pool.shape
+    st = pool.stride()
+    return pool.as_strided((layers, 1, hkv, n, hd), (st[0], n * st[1], st[2], st[1], st[3]),
+                           pool.storage_offset() + lo * st[1])

@@ -105,7 +105,8 @@ class KVPool:
         """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
         from workbench.kernels import compact_kv
 
-        src, dst = src.to(self.k.device), dst.to(self.k.device)
+        if src.device != self.k.device:  # (a no-op .to is still a dispatch per call)
+            src, dst = src.to(self.k.device), dst.to(self.k.device)
         if self.v_shares_k:  # one pool: gather (a copy), then scatter
             self.k.index_copy_(1, dst, self.k.index_select(1, src))
             return
