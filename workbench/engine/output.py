@@ -9,6 +9,7 @@ single request on request-scoped numeric errors (``bad_logits``) and builds the 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, NamedTuple
 
@@ -118,7 +119,7 @@ class OutputProcessor:
         # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf); only
         # a non-finite sum (or a huge finite overflow) pays for the elementwise check.
         if faults.active(f"step:nan_logits@{r.rid}") or (
-                not bool(torch.isfinite(logits.sum())) and not bool(torch.isfinite(logits).all())):
+                not math.isfinite(float(logits.sum())) and not bool(torch.isfinite(logits).all())):
             self.fail_request(r, f"request {r.rid}: non-finite logits at position {r.kv_len}",
                               outputs)
             return True
