@@ -60,7 +60,7 @@ class PagedAttention:
         b = len(q_lens)
         lq, lk = max(q_lens), max(int(s.numel()) for s in kv_slots)
         dev = self.device
-        self.write_slots = write_slots.to(dev)
+        self.write_slots = write_slots if write_slots.device == dev else write_slots.to(dev)
         self.q_shape = (b, lq)
         uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
         # One request whose slots are one run (the allocator hands out ascending blocks, so a

@@ -220,7 +220,7 @@ class ModelRunner:
             all_slots = self.pool.slots(r.blocks, 0, e)
             write.append(all_slots[s:])
             kv.append(all_slots)
-        q_lens, write_slots = batch.q_lens, torch.cat(write)
+        q_lens, write_slots = batch.q_lens, _cat(write)
         if self.graphs is not None:
             out = self.graphs.run(batch.tokens, batch.positions, write_slots, q_lens, kv,
                                   batch.tree_masks, batch.want_aux)
