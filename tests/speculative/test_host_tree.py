@@ -60,8 +60,10 @@ def test_host_tree_equals_the_tensor_path(dist: object, shape: tuple[int, int, i
         assert torch.equal(a, b), field
     assert [c["paths"] for c in hf.calls] == [c["paths"] for c in tf.calls]
     assert [c["positions"] for c in hf.calls] == [c["positions"] for c in tf.calls]
-    for a, b in zip(hf.calls, tf.calls, strict=True):
-        assert torch.equal(a["anc"], b["anc"])
+    for a, b in zip(hf.calls, tf.calls, strict=True):  # the host's additive, the tensor's bool
+        assert a["anc"].dtype == torch.float32 and b["anc"].dtype == torch.bool
+        assert torch.equal(a["anc"] == 0, b["anc"])
+        assert torch.equal(a["anc"] != 0, a["anc"] == float("-inf"))
 
 
 def test_host_tree_takes_a_float_or_tensor_temperature_alike() -> None:
@@ -148,15 +150,18 @@ def test_target_list_follows_its_table() -> None:
 
 
 @pytest.mark.parametrize("lens", [[7], [6, 6], [3, 8]])
-def test_tree_draft_attention_against_a_reference(lens: list[int]) -> None:
-    """TreeDraftAttention (one request, equal and unequal prefixes): each frontier query sees
-    its request's prefix and its own ancestors, as plain softmax attention computes it."""
+@pytest.mark.parametrize("additive", [False, True])
+def test_tree_draft_attention_against_a_reference(lens: list[int], additive: bool) -> None:
+    """TreeDraftAttention (one request, prefixes of one and of two lengths; the ancestors as
+    bool or as the host tree's additive 0/-inf mask): each frontier query sees its request's
+    prefix and its own ancestors, as plain softmax attention computes it."""
     g = torch.Generator().manual_seed(3)
     h, hkv, hd, k, steps = 4, 2, 8, 3, 3
     k_pool, v_pool = (torch.randn(1, 40, hkv, hd, generator=g) for _ in range(2))
     slots = [torch.randperm(40, generator=g)[:n] for n in lens]
     b = len(lens)
     attn = TreeDraftAttention(k_pool, v_pool, h, slots, max_tree=steps * k)
+    other = TreeDraftAttention(k_pool, v_pool, h, slots, max_tree=steps * k)  # the other kind
     tree_k: list[torch.Tensor] = []  # per step (B, K, Hkv, hd)
     tree_v: list[torch.Tensor] = []
     for step in range(1, steps + 1):
@@ -164,8 +169,11 @@ def test_tree_draft_attention_against_a_reference(lens: list[int]) -> None:
         anc[:, :, -k:] = torch.eye(k, dtype=torch.bool)
         q = torch.randn(b * k, h, hd, generator=g)
         kn, vn = (torch.randn(b * k, hkv, hd, generator=g) for _ in range(2))
-        attn.set_frontier(anc)
+        add = torch.zeros(anc.shape).masked_fill(~anc, float("-inf"))
+        attn.set_frontier(add if additive else anc)
+        other.set_frontier(anc if additive else add)
         got = attn.run(0, q, kn, vn).view(b, k, h, hd)
+        assert torch.equal(got, other.run(0, q, kn, vn).view(b, k, h, hd))
         tree_k.append(kn.view(b, k, hkv, hd))
         tree_v.append(vn.view(b, k, hkv, hd))
         for r in range(b):

@@ -45,13 +45,17 @@ class TreeDraftAttention:
             else torch.arange(lk, device=dev) < torch.tensor(lens, device=dev).view(b, 1)
         self.dev = dev
         self.lp, self.n_tree, self.cap = lk, 0, max_tree
-        self.mask_buf: torch.Tensor | None = None  # (B, K, Lp + cap), built at the first run
+        # (B, K, Lp + cap) additive, in the queries' dtype: 0 where a query may look, -inf
+        # where not (what SDPA makes of a bool mask, once per forward); built at the first run
+        self.mask_buf: torch.Tensor | None = None
+        self.fill: tuple[torch.Tensor, torch.Tensor] | None = None  # (0, -inf) for bool anc
         self.b, self.h = b, num_heads
         self.gqa = num_heads != k_pool.shape[2]
         self.anc: torch.Tensor | None = None  # (B, K, n_tree) ancestors-or-self of the frontier
 
     def set_frontier(self, anc: torch.Tensor) -> None:
-        """anc (B, K, n_tree_after_this_step) bool: which tree entries each query may see."""
+        """anc (B, K, n_tree_after_this_step): which tree entries each query may see, as bool
+        or as a float additive mask (0 where it may, -inf where not: copied as it is)."""
         self.anc = anc
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -69,13 +73,17 @@ class TreeDraftAttention:
         self.n_tree += kq
         if self.mask_buf is None or self.mask_buf.shape[1] != kq:
             # the prefix columns as pre_valid, the tree's written below before they are read
-            shape = (b, kq, self.lp + self.cap)
-            if self.pre_valid is None:
-                self.mask_buf = torch.ones(shape, dtype=torch.bool, device=self.dev)
-            else:
-                self.mask_buf = torch.zeros(shape, dtype=torch.bool, device=self.dev)
-                self.mask_buf[:, :, : self.lp] = self.pre_valid.unsqueeze(1)
-        self.mask_buf[:, :, self.lp : n] = self.anc
+            self.mask_buf = q.new_zeros(b, kq, self.lp + self.cap)
+            if self.pre_valid is not None:
+                self.mask_buf[:, :, : self.lp].masked_fill_(~self.pre_valid.unsqueeze(1),
+                                                            float("-inf"))
+        tree = self.mask_buf[:, :, self.lp : n]
+        if self.anc.dtype == torch.bool:
+            if self.fill is None:
+                self.fill = (q.new_zeros(()), q.new_full((), float("-inf")))
+            torch.where(self.anc, *self.fill, out=tree)
+        else:
+            tree.copy_(self.anc)
         o = F.scaled_dot_product_attention(
             q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),
             self.v_buf[:, :n].transpose(1, 2), attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),

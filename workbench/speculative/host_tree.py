@@ -20,7 +20,9 @@ The rest is host floats, ints and bytes:
 * draft id → target id through a host copy of ``draft.target_ids()`` (made once per table);
 * the tensors the draft reads (frontier tokens, positions, hidden-row picks, ancestor rows)
   and the tree's fields come from ``array``/``bytearray`` buffers (``torch.frombuffer``,
-  several times cheaper than ``torch.tensor`` of a list), one buffer per kind, rows as views.
+  several times cheaper than ``torch.tensor`` of a list), one buffer per kind, rows as views;
+* the ancestor rows are float32 bytes of the additive mask (0 / -inf) TreeDraftAttention
+  hands SDPA, which would otherwise convert a bool mask in every draft forward.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def _bools(rows: Sequence[bytes | bytearray], n: int) -> torch.Tensor:
     return torch.frombuffer(bytearray().join(rows), dtype=torch.bool).view(1, -1, n)
 
 
+# an attention mask entry as float32 bytes: 0 (may look), -inf (may not)
+_SEE, _HIDE = array("f", [0.0]).tobytes(), array("f", [float("-inf")]).tobytes()
+
+
 @torch.inference_mode()
 def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
                    root_tokens: torch.Tensor, root_pos: torch.Tensor,
@@ -92,15 +98,17 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
     hidden = hidden0.expand(k, -1).contiguous()
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
-    # the frontier's ancestors-or-self among the tree entries the draft has seen, a row of
-    # bytes (0/1) per frontier node; the identity rows each step's new entries add
-    eye = [bytes(j) + b"\x01" + bytes(k - 1 - j) for j in range(k)]
+    # the frontier's ancestors-or-self among the tree entries the draft has seen, per
+    # frontier node a row of float32 bytes, the additive mask TreeDraftAttention copies (0:
+    # an ancestor, -inf: not); the identity rows each step's new entries add
+    eye = [_HIDE * j + _SEE + _HIDE * (k - 1 - j) for j in range(k)]
     anc = eye
     # the frontier's tokens, its positions (a frontier node's: the root's + step − 1) and,
     # from step 2, the forward rows its hidden states come from: one buffer, rows as views
     ints = _longs(c_tok + [pos0] * k, 2)
     for step in range(1, num_steps):
-        attn.set_frontier(_bools(anc, step * k))
+        attn.set_frontier(torch.frombuffer(bytearray().join(anc),
+                                           dtype=torch.float32).view(1, k, step * k))
         logits, out = draft(ints[0], hidden, ints[1], attn)
         # in place: the draft's logits are its fresh output, read only here
         x = logits if inv_t is None else logits.mul_(inv_t)
