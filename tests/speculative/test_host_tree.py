@@ -8,6 +8,7 @@ from array import array
 
 import pytest
 import torch
+import torch.nn.functional as F
 from speculative.test_drafter import (
     FakeDraft,
     encode,
@@ -154,7 +155,8 @@ def test_target_list_follows_its_table() -> None:
 def test_tree_draft_attention_against_a_reference(lens: list[int], additive: bool) -> None:
     """TreeDraftAttention (one request, prefixes of one and of two lengths; the ancestors as
     bool or as the host tree's additive 0/-inf mask): each frontier query sees its request's
-    prefix and its own ancestors, as plain softmax attention computes it."""
+    prefix and its own ancestors, as plain softmax attention computes it, and bit for bit as
+    SDPA computes it from a bool mask."""
     g = torch.Generator().manual_seed(3)
     h, hkv, hd, k, steps = 4, 2, 8, 3, 3
     k_pool, v_pool = (torch.randn(1, 40, hkv, hd, generator=g) for _ in range(2))
@@ -176,6 +178,16 @@ def test_tree_draft_attention_against_a_reference(lens: list[int], additive: boo
         assert torch.equal(got, other.run(0, q, kn, vn).view(b, k, h, hd))
         tree_k.append(kn.view(b, k, hkv, hd))
         tree_v.append(vn.view(b, k, hkv, hd))
+        # bit for bit SDPA over the same padded rows with the bool mask it was once handed
+        lp = max(lens)
+        pad = torch.stack([torch.cat([s, s.new_zeros(lp - len(s))]) for s in slots])
+        keys4, vals4 = (torch.cat([pool[0, pad]] + trees, 1).transpose(1, 2)
+                        for pool, trees in ((k_pool, tree_k), (v_pool, tree_v)))
+        see4 = torch.cat([torch.arange(lp).expand(b, k, lp)
+                          < torch.tensor(lens).view(b, 1, 1), anc], 2)
+        want = F.scaled_dot_product_attention(q.view(b, k, h, hd).transpose(1, 2), keys4, vals4,
+                                              attn_mask=see4.unsqueeze(1), enable_gqa=True)
+        assert torch.equal(got, want.transpose(1, 2))
         for r in range(b):
             keys = torch.cat([k_pool[0, slots[r]]] + [t[r] for t in tree_k])  # (L, Hkv, hd)
             vals = torch.cat([v_pool[0, slots[r]]] + [t[r] for t in tree_v])

@@ -33,12 +33,17 @@ class TreeDraftAttention:
         # the prefix is gathered straight into the buffer (one copy, not gather + cat)
         self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
         self.v_buf = v_pool.new_empty(b, lk + max_tree, *v_pool.shape[2:])
-        if b == 1:
-            torch.index_select(k_pool[0], 0, idx, out=self.k_buf[0, :lk])
-            torch.index_select(v_pool[0], 0, idx, out=self.v_buf[0, :lk])
+        # one request: its (L, Hkv, hd) rows, which the flat (K, Hkv, hd) k/v go to directly
+        self.k_one: torch.Tensor | None = self.k_buf[0] if b == 1 else None
+        self.v_one: torch.Tensor | None = self.v_buf[0] if b == 1 else None
+        if self.k_one is not None and self.v_one is not None:
+            torch.index_select(k_pool[0], 0, idx, out=self.k_one[:lk])
+            torch.index_select(v_pool[0], 0, idx, out=self.v_one[:lk])
         else:
             self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
             self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
+        # SDPA's (B, Hkv, L, hd) views of the buffers, sliced to the entries written so far
+        self.k_t, self.v_t = self.k_buf.transpose(1, 2), self.v_buf.transpose(1, 2)
         # which prefix rows are real (the rest pad shorter prefixes); None: all of them (one
         # request, or prefixes of one length)
         self.pre_valid = None if min(lens) == lk \
@@ -62,14 +67,19 @@ class TreeDraftAttention:
         """q (B·K, H, hd), k/v (B·K, Hkv, hd) for the frontier → (B·K, H, hd)."""
         assert self.anc is not None
         b = self.b
-        kf = k.view(b, -1, *k.shape[1:])
-        kq = kf.shape[1]
+        kq = k.shape[0] // b
+        if kq * b != k.shape[0]:
+            raise ValueError(f"TreeDraftAttention: {k.shape[0]} frontier rows for {b} requests")
         if self.n_tree + kq > self.cap:
             raise ValueError(f"TreeDraftAttention: {self.n_tree + kq} tree entries > max_tree "
                              f"{self.cap}")
         lo, n = self.lp + self.n_tree, self.lp + self.n_tree + kq
-        self.k_buf[:, lo:n] = kf
-        self.v_buf[:, lo:n] = v.view(b, -1, *v.shape[1:])
+        if self.k_one is not None and self.v_one is not None:
+            self.k_one[lo:n] = k
+            self.v_one[lo:n] = v
+        else:
+            self.k_buf[:, lo:n] = k.view(b, kq, *k.shape[1:])
+            self.v_buf[:, lo:n] = v.view(b, kq, *v.shape[1:])
         self.n_tree += kq
         if self.mask_buf is None or self.mask_buf.shape[1] != kq:
             # the prefix columns as pre_valid, the tree's written below before they are read
@@ -85,7 +95,7 @@ class TreeDraftAttention:
         else:
             tree.copy_(self.anc)
         o = F.scaled_dot_product_attention(
-            q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_buf[:, :n].transpose(1, 2),
-            self.v_buf[:, :n].transpose(1, 2), attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),
+            q.view(b, kq, *q.shape[1:]).transpose(1, 2), self.k_t[:, :, :n], self.v_t[:, :, :n],
+            attn_mask=self.mask_buf[:, :, :n].unsqueeze(1),
             enable_gqa=self.gqa)
         return o.transpose(1, 2).reshape(b * kq, *q.shape[1:])
