@@ -35,12 +35,15 @@ def test_concurrency_threshold_auto_and_forced(micro_target: Path, tmp_path: Pat
     assert main([*base, "--out", str(tmp_path / "auto")]) == 0
     out = capsys.readouterr().out
     m = re.search(r"threshold arm: BatchThreshold\(n=(\d+)\) from the cost model calibrated "
-                  r"now: S2K2N4 at τ ([\d.]+) is predicted faster than plain \(cold draft\)", out)
+                  r"now: S2K2N4 at τ ([\d.]+) is predicted (faster|slower) than plain "
+                  r"\(cold draft\)", out)
     assert m is not None
     assert "vs the envelope" in out and "threshold_vs_envelope" in out
     doc = json.loads((tmp_path / "auto" / "concurrency.json").read_text())
     basis = doc["config"]["policy_basis"]["threshold"]
     assert basis["n"] == int(m.group(1)) and f"{basis['tau']:.2f}" == m.group(2)
+    # never "faster ... up to decode batch 0": a threshold of 0 is slower at every batch
+    assert (m.group(3) == "slower") == (basis["n"] == 0)
     assert basis["policy"] == f"BatchThreshold(n={basis['n']})" and basis["reason"] in out
     assert basis["shape"] == [2, 2, 4] and not basis["warm"]
 

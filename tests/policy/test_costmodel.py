@@ -43,6 +43,9 @@ def test_crossover_exact() -> None:
     assert cm.crossover((3, 1, 4), 4.0).n == 37
     assert "up to decode batch 8; at 9 plain" in cold.reason()
     assert "every decode batch up to 16" in capped.reason()
+    never = cm.crossover((3, 1, 4), 1.0).reason()
+    assert "predicted slower than plain (cold draft) at every decode batch: at 1 plain" in never
+    assert "up to decode batch 0" not in never
     d = cold.to_dict()
     assert d["n"] == 8 and d["shape"] == [3, 1, 4] and d["reason"] == cold.reason()
 

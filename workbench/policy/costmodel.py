@@ -344,6 +344,10 @@ class Crossover:
             return (f"{shape} at τ {self.tau:.2f} is predicted faster than {plain} at every "
                     f"decode batch up to {self.max_batch} ({self.spec_tok_s:.0f} vs "
                     f"{self.plain_tok_s:.0f} tok/s there)")
+        if self.n == 0:
+            return (f"{shape} at τ {self.tau:.2f} is predicted slower than {plain} at every "
+                    f"decode batch: at {self.batch} plain {self.plain_tok_s:.0f} tok/s >= "
+                    f"speculative {self.spec_tok_s:.0f} tok/s")
         return (f"{shape} at τ {self.tau:.2f} is predicted faster than {plain} up to decode "
                 f"batch {self.n}; at {self.batch} plain {self.plain_tok_s:.0f} tok/s >= "
                 f"speculative {self.spec_tok_s:.0f} tok/s")
