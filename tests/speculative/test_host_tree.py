@@ -19,8 +19,9 @@ from speculative.test_drafter import (
 
 from workbench.attention.tree_draft import TreeDraftAttention
 from workbench.core import DraftTree
+from workbench.speculative import host_tree
 from workbench.speculative.drafter import draft_tree
-from workbench.speculative.host_tree import target_list
+from workbench.speculative.host_tree import draft_tree_one, target_list
 
 
 def both(dist: object, steps: int, topk: int, n: int, root_pos: int,
@@ -198,3 +199,17 @@ def test_tree_draft_attention_against_a_reference(lens: list[int], additive: boo
                     s = keys[:, kv] @ q.view(b, k, h, hd)[r, i, head] / math.sqrt(hd)
                     w = torch.softmax(s.masked_fill(~see[i], float("-inf")), 0)
                     torch.testing.assert_close(got[r, i, head], w @ vals[:, kv])
+
+
+def test_host_tree_refuses_a_non_cpu_tree() -> None:
+    meta = torch.zeros(1, 8, device="meta")
+    with pytest.raises(ValueError, match="CPU-only"):
+        draft_tree_one(FakeDraft(uniform), meta, meta, torch.tensor([1]),  # type: ignore[arg-type]
+                       torch.tensor([3]), [torch.arange(3)], meta, meta, 3, 2, 4, None)
+
+
+def test_target_lists_cached_are_bounded() -> None:
+    tables = [torch.arange(5) + i for i in range(10)]
+    for t in tables:
+        assert target_list(t) == t.tolist()
+    assert len(host_tree._TARGET_LISTS) <= host_tree._MAX_TABLES
