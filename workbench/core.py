@@ -230,6 +230,9 @@ class DraftTree:
     mask: torch.Tensor  # (B, N, N) bool
     scores: torch.Tensor  # (B, N) float cumulative draft log-prob (root 0)
     draft_probs: torch.Tensor  # (B, N) float draft prob of each node given its parent (root 1)
+    # tokens and parents as host lists (rows of ints) when the tree was built on the host (the
+    # CPU one-request tree): the accept reads them without a device read; None otherwise
+    host: tuple[list[list[int]], list[list[int]]] | None = None
 
     @property
     def num_nodes(self) -> int:

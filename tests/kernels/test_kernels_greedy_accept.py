@@ -44,6 +44,11 @@ def test_cpu_walk_equals_reference(batch: tuple[torch.Tensor, ...]) -> None:
     cand, parents, predict = batch
     _assert_equal(reference.greedy_accept_walk(cand, parents, predict),
                   reference.greedy_accept(cand, parents, predict))
+    # its host lists (what the engine's commit reads) are those tensors' values, whether it
+    # read the tree from the tensors or was handed the tree's own host lists
+    for lists in (None, (cand.tolist(), parents.tolist())):
+        (idx, n, bonus), host = reference.greedy_accept_host(cand, parents, predict, lists)
+        assert host == (idx.tolist(), n.tolist(), bonus.tolist(), cand.tolist())
 
 
 @TRITON

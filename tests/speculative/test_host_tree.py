@@ -60,6 +60,8 @@ def test_host_tree_equals_the_tensor_path(dist: object, shape: tuple[int, int, i
         a, b = getattr(h, field), getattr(t, field)
         assert a.dtype == b.dtype and a.shape == b.shape, field
         assert torch.equal(a, b), field
+    # the host lists it carries for the accept are its tensors' values; the tensor path has none
+    assert h.host == (h.tokens.tolist(), h.parents.tolist()) and t.host is None
     assert [c["paths"] for c in hf.calls] == [c["paths"] for c in tf.calls]
     assert [c["positions"] for c in hf.calls] == [c["positions"] for c in tf.calls]
     for a, b in zip(hf.calls, tf.calls, strict=True):  # the host's additive, the tensor's bool
@@ -204,8 +206,8 @@ def test_tree_draft_attention_against_a_reference(lens: list[int], additive: boo
 def test_host_tree_refuses_a_non_cpu_tree() -> None:
     meta = torch.zeros(1, 8, device="meta")
     with pytest.raises(ValueError, match="CPU-only"):
-        draft_tree_one(FakeDraft(uniform), meta, meta, torch.tensor([1]),  # type: ignore[arg-type]
-                       torch.tensor([3]), [torch.arange(3)], meta, meta, 3, 2, 4, None)
+        draft_tree_one(FakeDraft(uniform), meta, meta, 1, 3,  # type: ignore[arg-type]
+                       [torch.arange(3)], meta, meta, 3, 2, 4, None)
 
 
 def test_target_lists_cached_are_bounded() -> None:

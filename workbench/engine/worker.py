@@ -34,6 +34,7 @@ from workbench.policy.policies import Decision, PolicyContext
 from workbench.sampler import sample_rows
 from workbench.speculative import verify
 from workbench.speculative.drafter import draft_tree
+from workbench.speculative.host_tree import draft_tree_one
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 
@@ -294,13 +295,22 @@ class EagleWorker:
         assert pool.dk is not None and pool.dv is not None
         dev = runner.device
         on_step = self._trace_draft_step(reqs) if self.trace.wants(ev.DraftStep) else None
+        temp = self._score_temperatures(reqs)
+        if len(reqs) == 1 and dev.type == "cpu" and on_step is None and not isinstance(
+                temp, torch.Tensor):  # draft_tree's own B = 1 branch, the root as host ints
+            r = reqs[0]
+            assert r.draft.logits is not None and r.draft.hidden is not None
+            return draft_tree_one(
+                runner.draft, r.draft.logits.unsqueeze(0), r.draft.hidden.unsqueeze(0),
+                r.tokens[-1], r.kv_len, [runner.draft_slots(r, r.draft.len)], pool.dk, pool.dv,
+                d.num_steps, d.topk, d.num_draft_tokens, None if temp is None else 1.0 / temp)
         return draft_tree(
             runner.draft, _stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
             _stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
             torch.tensor([r.tokens[-1] for r in reqs], device=dev),
             torch.tensor([r.kv_len for r in reqs], device=dev),
             [runner.draft_slots(r, r.draft.len) for r in reqs], pool.dk, pool.dv, d.num_steps,
-            d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
+            d.topk, d.num_draft_tokens, on_step, temp)
 
     def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
                 accepted: list[int], logits: torch.Tensor, aux: torch.Tensor,

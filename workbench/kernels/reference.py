@@ -141,14 +141,19 @@ def greedy_accept_walk(
 
 
 def greedy_accept_host(
-    candidates: torch.Tensor, parents: torch.Tensor, target_predict: torch.Tensor
+    candidates: torch.Tensor, parents: torch.Tensor, target_predict: torch.Tensor,
+    tree_lists: tuple[list[list[int]], list[list[int]]] | None = None
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor],
            tuple[list[list[int]], list[int], list[int], list[list[int]]]]:
     """:func:`greedy_accept_walk`'s tensors, and the same results as the host lists the walk
     made (accept_index rows, accept_len, bonus, and the candidates it read), for a caller that
-    reads them on the host next (the engine's commit) without reading the tensors back."""
+    reads them on the host next (the engine's commit) without reading the tensors back.
+    ``tree_lists``: ``candidates`` and ``parents`` as host lists already (``DraftTree.host``),
+    the same values (not read back from the tensors then)."""
     batch, nodes = check_greedy_accept_args(candidates, parents, target_predict)
-    cand, par, pred = candidates.tolist(), parents.tolist(), target_predict.tolist()
+    cand, par = tree_lists if tree_lists is not None else (candidates.tolist(),
+                                                           parents.tolist())
+    pred = target_predict.tolist()
     check_tree_rows(par)
     accept_index = [[-1] * nodes for _ in range(batch)]
     accept_len, bonus = [0] * batch, [0] * batch

@@ -44,8 +44,9 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
     elif score_temperature is not None:
         inv_t = (1.0 / score_temperature.float()).view(b, 1)
     if b == 1 and dev.type == "cpu" and on_step is None:  # the same tree, on host lists
-        return draft_tree_one(draft, logits0, hidden0, root_tokens, root_pos, prefix_slots,
-                              k_pool, v_pool, num_steps, k, num_draft_tokens, inv_t)
+        return draft_tree_one(draft, logits0, hidden0, int(root_tokens[0]), int(root_pos[0]),
+                              prefix_slots, k_pool, v_pool, num_steps, k, num_draft_tokens,
+                              inv_t)
     c = _constants(b, k, num_steps, dev)
     # draft id → target id as one table lookup per step (the same ids, one op instead of two)
     to_target = draft.target_ids()

@@ -73,12 +73,13 @@ _SEE, _HIDE = array("f", [0.0]).tobytes(), array("f", [float("-inf")]).tobytes()
 
 @torch.inference_mode()
 def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
-                   root_tokens: torch.Tensor, root_pos: torch.Tensor,
+                   root: int, pos0: int,
                    prefix_slots: list[torch.Tensor], k_pool: torch.Tensor,
                    v_pool: torch.Tensor, num_steps: int, k: int, num_draft_tokens: int,
                    inv_t: torch.Tensor | float | None) -> DraftTree:
-    """``draft_tree`` (same arguments) for B = 1 on the CPU, without tracing; ``inv_t`` is
-    1 / the score temperature (a float, a (1, 1) tensor, or None)."""
+    """``draft_tree`` for B = 1 on the CPU, without tracing (its arguments, with the root's
+    token ``root`` and position ``pos0`` as ints); ``inv_t`` is 1 / the score temperature (a
+    float, a (1, 1) tensor, or None)."""
     if logits0.device.type != "cpu":
         raise ValueError(f"draft_tree_one: logits0 on {logits0.device}; the host tree is "
                          "CPU-only")
@@ -94,7 +95,6 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
     c_score, c_par = list(c_lp), [-1] * k
     front = list(range(k))
     f_scores = [v for v in c_lp for _ in range(k)]  # each frontier score, once per child
-    root, pos0 = root_tokens.tolist()[0], root_pos.tolist()[0]
     hidden = hidden0.expand(k, -1).contiguous()
     attn = TreeDraftAttention(k_pool, v_pool, draft.config.num_attention_heads, prefix_slots,
                               max_tree=(num_steps - 1) * k)
@@ -154,10 +154,11 @@ def _tree(root: int, root_pos: int, c_tok: list[int], c_par: list[int], c_score:
         row = bytearray(mask[p])
         row[i] = 1
         mask.append(row)
-    ints = _longs([root] + list(map(c_tok.__getitem__, chosen)) + parents + depth
-                  + [root_pos + d for d in depth], 4)
+    tokens = [root] + list(map(c_tok.__getitem__, chosen))
+    ints = _longs(tokens + parents + depth + [root_pos + d for d in depth], 4)
     floats = torch.frombuffer(array("f", [0.0] + list(map(c_score.__getitem__, chosen)) + [0.0]
                                     + list(map(c_lp.__getitem__, chosen))),
                               dtype=torch.float32).view(2, n)
     return DraftTree(tokens=ints[0:1], parents=ints[1:2], depth=ints[2:3], positions=ints[3:4],
-                     mask=_bools(mask, n), scores=floats[0:1], draft_probs=floats[1:2].exp())
+                     mask=_bools(mask, n), scores=floats[0:1], draft_probs=floats[1:2].exp(),
+                     host=([tokens], [parents]))

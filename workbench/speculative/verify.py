@@ -80,7 +80,7 @@ def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     if predict.device.type == "cpu" and kernels.backend_for(predict.device) == "reference":
         # the CPU walk (kernels.greedy_accept's choice there); its host lists ride along
         (idx, n_acc, bonus), host = reference.greedy_accept_host(tree.tokens, tree.parents,
-                                                                 predict)
+                                                                 predict, tree.host)
         return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
                             target_tokens=predict, host=host)
     idx, n_acc, bonus = kernels.greedy_accept(tree.tokens, tree.parents, predict)
