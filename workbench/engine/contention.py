@@ -455,15 +455,18 @@ class ContentionMonitor:
             self._passes = self._make_passes()
         before, pinned_before = torch.get_num_threads(), self.cpus
         cands = thread_candidates(self.default, cond)
+        known = None
+        timings: dict[int, dict[str, float]] = {}
         # under contention fewer threads run on the cores the others leave free (affinity.py)
         order = affinity.quiet_cpus() if cond.contended else None
-        known = self._recall(cond, cands)
-        if known is not None:  # the machine flips between two states (a job comes and goes)
-            timings = known.timings_ms
+        if not cond.contended:  # all cores, untimed, as the init stage gives a quiet machine
+            reason += "; all cores, as on a quiet start"  # (a re-timing stalls ~0.3 s)
+        elif (known := self._recall(cond, cands)) is not None:  # a job that comes and goes
+            timings = dict(known.timings_ms)
             reason += f"; as timed {time.time() - known.t:.0f} s ago on a machine like this"
         else:
             timings = time_threads(self._passes, cands, pin=lambda n: affinity.pin(n, order))
-        after = pick_threads(timings, self.default)
+        after = pick_threads(timings, self.default) if timings else self.default
         self.cpus = affinity.pin(after, order)
         if after != before or self.cpus != pinned_before:
             torch.set_num_threads(after)

@@ -179,7 +179,8 @@ class Engine:
         from workbench.engine import autotune
 
         self.choices["threads"] = autotune.Choice(
-            "threads", str(a.after), "measured", tuple(str(n) for n in a.timings_ms),
+            "threads", str(a.after), "measured" if a.timings_ms else "only",
+            tuple(str(n) for n in a.timings_ms) or (str(a.after),),
             {str(n): t for n, t in a.timings_ms.items()},
             note=f"re-measured: {a.reason}" + (f"; pinned to CPU(s) {a.cpus}, the least busy"
                                                if a.cpus else ""),
