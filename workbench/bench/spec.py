@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from workbench.core import RequestOutput
     from workbench.engine.engine import Engine
 
-# prompts of the traced pass behind the ceiling (the baseline and the arms in turns per prompt)
+# prompts of the traced pass that says where the overhead sits (the arms in turns per prompt)
 STEP_COST_PROMPTS = 4
 DEFAULT_ARMS: dict[str, SpecConfig | None] = {
     "baseline": None,
@@ -113,7 +113,7 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     speedup measures them, ``ceiling_e2e`` = the baseline's seconds / the arm's forwards'
     seconds and ``of_ceiling_e2e`` = the arm's forwards' seconds / its seconds (= speedup /
     ceiling_e2e); ``prefill_ratio``, the baseline's prefill step. A traced pass over the first
-    STEP_COST_PROMPTS prompts (after the timed one; the baseline and the arms in turns per
+    STEP_COST_PROMPTS prompts (after the timed one; the arms in turns per
     prompt) then says where the overhead sits: ``overhead_<phase>_ms``."""
     from workbench.bench.sanity import LoadSampler, mean_ci
 

@@ -126,11 +126,10 @@ def _run(engine: Engine, prompts: list[Any], sp: SamplingParams,
         for p in prompts:
             engine.generate([p], sp, spec=spec)
     timing = tr.frame("timing").set_index("step")
-    cols = ["mode", "schedule_ms", "prefill_ms", "verify_ms", "accept_ms", "commit_ms"]
+    cols = ["mode", "schedule_ms", "verify_ms", "accept_ms", "commit_ms"]
     steps = {int(k): v for k, v in timing[cols].to_dict(orient="index").items()}
-    # a step with no decode work (a prompt's prefill alone) emits no StepTiming: mode "prefill"
-    alone = dict.fromkeys(cols, 0.0)
-    return [{**r, **steps.get(int(r["step"]), {**alone, "mode": "prefill"})} for r in clock.rows]
+    # a step with no decode work (a prompt's prefill alone) emits no StepTiming: left out
+    return [{**r, **steps[int(r["step"])]} for r in clock.rows if int(r["step"]) in steps]
 
 
 def overhead_ms(r: dict[str, Any]) -> dict[str, float]:
@@ -147,14 +146,12 @@ def phase_costs(engine: Engine, prompts: list[Any], arms: dict[str, SpecConfig |
     """Per speculative arm, where its decode steps' overhead sits (``overhead_<phase>_ms``,
     module docstring), from a separate traced pass over ``prompts``: the phases come from the
     trace's ``StepTiming`` events, which cost time of their own, so this is not the timed pass.
-    The baseline and every arm take turns per prompt (they share the machine's drift)."""
-    named: dict[str, SpecConfig | None] = {"": None}
-    named.update((k, v) for k, v in arms.items() if v is not None)
+    The arms take turns per prompt (they share the machine's drift)."""
+    named = {k: v for k, v in arms.items() if v is not None}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in named}
     for p in prompts:
         for name, spec in named.items():
             runs[name] += _run(engine, [p], sp, spec)
-    runs.pop("")
     out: dict[str, dict[str, float]] = {}
     for name, rows in runs.items():
         by_phase = [overhead_ms(r) for r in rows if r["mode"] == "spec"]
