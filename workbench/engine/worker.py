@@ -33,7 +33,6 @@ from workbench.policy.policies import Decision, PolicyContext
 from workbench.sampler import sample_rows
 from workbench.speculative import verify
 from workbench.speculative.drafter import draft_tree
-from workbench.speculative.host_tree import draft_tree_one
 from workbench.trace import events as ev
 from workbench.trace.tracer import Dispatcher
 
@@ -262,9 +261,9 @@ class EagleWorker:
         # lie beyond kv_len: scratch the next verify rewrites), so the engine stays consistent.
         with phase(phases, "commit", fault="commit"):
             assert aux_all is not None
-            # one device read for the batch (none when the accept ran on the host)
-            accepted = res.accept_len.tolist() if res.host is None else res.host[1]
-            keep = self._commit(reqs, tree, res, accepted, logits,
+            host = _host_lists(res, tree)
+            accepted = host[1]
+            keep = self._commit(reqs, tree, res, host, logits,
                                 aux_all[: b * n].view(b, n, -1), outputs)
         # 6. Draft extend over the accepted tokens (+ bonus) so the next tree can start.
         with phase(phases, "extend"):
@@ -292,27 +291,16 @@ class EagleWorker:
         pool = runner.pool
         assert runner.draft is not None and pool is not None
         assert pool.dk is not None and pool.dv is not None
-        dev = runner.device
         on_step = self._trace_draft_step(reqs) if self.trace.wants(ev.DraftStep) else None
-        temp = self._score_temperatures(reqs)
-        if len(reqs) == 1 and dev.type == "cpu" and on_step is None and not isinstance(
-                temp, torch.Tensor):  # draft_tree's own B = 1 branch, the root as host ints
-            r = reqs[0]
-            assert r.draft.logits is not None and r.draft.hidden is not None
-            return draft_tree_one(
-                runner.draft, r.draft.logits.unsqueeze(0), r.draft.hidden.unsqueeze(0),
-                r.tokens[-1], r.kv_len, [runner.draft_slots(r, r.draft.len)], pool.dk, pool.dv,
-                d.num_steps, d.topk, d.num_draft_tokens, None if temp is None else 1.0 / temp)
         return draft_tree(
             runner.draft, _stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
             _stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
-            torch.tensor([r.tokens[-1] for r in reqs], device=dev),
-            torch.tensor([r.kv_len for r in reqs], device=dev),
+            [r.tokens[-1] for r in reqs], [r.kv_len for r in reqs],
             [runner.draft_slots(r, r.draft.len) for r in reqs], pool.dk, pool.dv, d.num_steps,
-            d.topk, d.num_draft_tokens, on_step, temp)
+            d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
 
     def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
-                accepted: list[int], logits: torch.Tensor, aux: torch.Tensor,
+                host: HostLists, logits: torch.Tensor, aux: torch.Tensor,
                 outputs: dict[int, StepOutput]) -> list[Request]:
         """Compact the accepted paths' KV, emit their tokens; returns the requests still
         running (their drafts extend next)."""
@@ -320,7 +308,7 @@ class EagleWorker:
         assert pool is not None
         n = tree.num_nodes
         # one device read each for the batch; the per-request work below is on host lists
-        acc_rows = res.accept_index.tolist() if res.host is None else res.host[0]
+        acc_rows, accepted, bonus, tokens = host
         src: list[int] = []
         dst: list[int] = []
         ok: list[tuple[int, Request, int, list[int]]] = []
@@ -340,8 +328,6 @@ class EagleWorker:
             pool.compact(torch.tensor(src, dtype=torch.int64, device="cpu"),
                          torch.tensor(dst, dtype=torch.int64, device="cpu"))
         keep: list[Request] = []
-        bonus, tokens = (res.bonus.tolist(), tree.tokens.tolist()) if res.host is None else \
-            (res.host[2], res.host[3])
         for i, r, m, path in ok:
             new = [tokens[i][p] for p in path[1:]] + [bonus[i]]
             if self.trace.wants(ev.TreeBuilt, ev.Verified):
@@ -448,6 +434,19 @@ class EagleWorker:
             self.trace.emit(ev.TreeBuilt.of(self.step_id, r.rid, tree, i, now))
         if self.trace.wants(ev.Verified):
             self.trace.emit(ev.Verified.of(self.step_id, r.rid, tree, i, res, logits, new, now))
+
+
+# accept_index rows, accept_len, bonus and the tree's tokens, as host lists
+HostLists = tuple[list[list[int]], list[int], list[int], list[list[int]]]
+
+
+def _host_lists(res: VerifyResult, tree: DraftTree) -> HostLists:
+    """What the commit reads on the host: the accept's own lists when it ran on the host
+    (``VerifyResult.host``), else one device read each for the batch."""
+    if res.host is not None:
+        return res.host
+    return (res.accept_index.tolist(), res.accept_len.tolist(), res.bonus.tolist(),
+            tree.tokens.tolist())
 
 
 def _stack(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -21,12 +21,13 @@ from workbench.speculative.tree import build_tree, expand, per_shape, select_fro
 
 @torch.inference_mode()
 def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
-               root_tokens: torch.Tensor, root_pos: torch.Tensor,
+               root_tokens: torch.Tensor | list[int], root_pos: torch.Tensor | list[int],
                prefix_slots: list[torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
                num_steps: int, topk: int, num_draft_tokens: int,
                on_step: object = None,
                score_temperature: torch.Tensor | float | None = None) -> DraftTree:
-    """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,);
+    """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,), as
+    tensors or host int lists (the engine's: the CPU one-request tree reads them as ints);
     prefix_slots: per request the draft-pool slots of positions [0, n). Returns the tree
     (target-vocab ids). ``on_step(depth, tokens (B, K), probs (B, K), parents (B, K))`` is
     called per step when given (tracing). ``score_temperature`` (B,) divides each request's
@@ -47,6 +48,10 @@ def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
         return draft_tree_one(draft, logits0, hidden0, int(root_tokens[0]), int(root_pos[0]),
                               prefix_slots, k_pool, v_pool, num_steps, k, num_draft_tokens,
                               inv_t)
+    if isinstance(root_tokens, list):
+        root_tokens = torch.tensor(root_tokens, device=dev)
+    if isinstance(root_pos, list):
+        root_pos = torch.tensor(root_pos, device=dev)
     c = _constants(b, k, num_steps, dev)
     # draft id → target id as one table lookup per step (the same ids, one op instead of two)
     to_target = draft.target_ids()
