@@ -250,6 +250,10 @@ class VerifyResult:
     # the same accept_index rows, accept_len and bonus, and the tree's tokens, as host lists
     # when the acceptance already ran on the host (the CPU greedy walk); None otherwise
     host: tuple[list[list[int]], list[int], list[int], list[list[int]]] | None = None
+    # per request: is every node's target distribution usable (each row's maximum finite: no
+    # NaN, no +inf, some finite logit), when the acceptance learnt it on the way (the greedy
+    # verify's argmax); None: the commit checks the logits itself
+    finite: list[bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -61,15 +61,30 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     so take the block holding each row's maximum (the first such block, by the maxima of
     ``ARGMAX_BLOCK`` columns) and the first maximum inside it. Exactly ``argmax``: the first
     block whose maximum is the row's holds the row's first maximum."""
+    return _argmax_rows(x, False)[0]
+
+
+def argmax_max_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`argmax_rows`, each row's maximum ``x.amax(-1)``: NaN if the row holds a NaN).
+    On the blocked path the maxima come from the blocks' (no second pass over ``x``): the
+    greedy verify's finiteness check (a row is usable iff its maximum is finite) for free."""
+    ids, top = _argmax_rows(x, True)
+    assert top is not None
+    return ids, top
+
+
+def _argmax_rows(x: torch.Tensor, want_max: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     v = x.shape[-1]
     rows = x.numel() // v if v else 0
     if (x.device.type != "cpu" or rows < ARGMAX_BLOCK_ROWS or v % ARGMAX_BLOCK
             or not x.is_contiguous()):
-        return x.argmax(-1)
+        return x.argmax(-1), x.amax(-1) if want_max else None
     xb = x.view(rows, v // ARGMAX_BLOCK, ARGMAX_BLOCK)
-    blk = xb.amax(-1).argmax(-1, keepdim=True)  # (R, 1)
+    bmax = xb.amax(-1)  # (R, V / block); a block holding a NaN has a NaN maximum
+    blk = bmax.argmax(-1, keepdim=True)  # (R, 1)
     inner = xb.gather(1, blk.unsqueeze(-1).expand(rows, 1, ARGMAX_BLOCK)).view(rows, -1)
-    return (blk * ARGMAX_BLOCK + inner.argmax(-1, keepdim=True)).view(x.shape[:-1])
+    ids = (blk * ARGMAX_BLOCK + inner.argmax(-1, keepdim=True)).view(x.shape[:-1])
+    return ids, bmax.amax(-1).view(x.shape[:-1]) if want_max else None
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],

@@ -103,3 +103,39 @@ def test_ragged_batch_rows_match_each_request_alone() -> None:
     alone_b.plan(b_slots[4:], [1], [b_slots])
     torch.testing.assert_close(out[:3], alone_a.run(0, q[:3], k[:3], v[:3]), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out[3:], alone_b.run(0, q[3:], k[3:], v[3:]), rtol=1e-6, atol=1e-6)
+
+
+def test_kv_pool_run_is_the_slots_first_when_they_are_one_run() -> None:
+    pool = KVPool(32, 4, 1, 1, 2, torch.float32, "cpu")
+    rng = random.Random(5)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        blocks = rng.sample(range(32), n) if rng.random() < 0.5 else list(range(7, 7 + n))
+        start = rng.randint(0, 4 * n)
+        end = rng.randint(start, 4 * n)
+        want = pool.slots(blocks, start, end).tolist()
+        one_run = bool(want) and want == list(range(want[0], want[0] + len(want)))
+        assert pool.run(blocks, start, end) == (want[0] if one_run else None)
+
+
+def test_plan_run_equals_plan_from_the_slots() -> None:
+    """plan_run(lo, lk, lq, mask) (host ints, as the engine plans one request) makes the views,
+    pool writes, mask and outputs plan makes from the same slots: decode, extend and verify."""
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    for lq, lk, tm in ((1, 12, None), (3, 12, None), (5, 5, None), (4, 12, tree)):
+        slots = torch.arange(30, 30 + lk)
+        k0, v0 = _pools(64)
+        a = PagedAttention(k0.clone(), v0.clone(), H)
+        b = PagedAttention(k0.clone(), v0.clone(), H)
+        a.plan(slots[lk - lq :], [lq], [slots], None if tm is None else [tm])
+        b.plan_run(30, lk, lq, tm)
+        assert (a.q_shape, a.is_causal, a.q_index) == (b.q_shape, b.is_causal, b.q_index)
+        assert (a.mask is None) == (b.mask is None)
+        if a.mask is not None and b.mask is not None:
+            assert torch.equal(a.mask, b.mask)
+        g = torch.Generator().manual_seed(lq)
+        q, k, v = (torch.randn(lq, H, HD, generator=g), torch.randn(lq, HKV, HD, generator=g),
+                   torch.randn(lq, HKV, HD, generator=g))
+        for oa, ob in zip(_run(a, q, k, v), _run(b, q, k, v), strict=True):
+            assert torch.equal(oa, ob)
+        assert torch.equal(a.k_pool, b.k_pool) and torch.equal(a.v_pool, b.v_pool)

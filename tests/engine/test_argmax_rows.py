@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.sampler import ARGMAX_BLOCK, ARGMAX_BLOCK_ROWS, argmax_rows
+from workbench.sampler import ARGMAX_BLOCK, ARGMAX_BLOCK_ROWS, argmax_max_rows, argmax_rows
+from workbench.speculative.verify import finite_rows
 
 
 @pytest.mark.parametrize("shape", [(1, 8192), (3, 8192), (4, 8192), (16, 8192), (2, 16, 8192),
@@ -41,3 +42,26 @@ def test_non_contiguous_and_bf16() -> None:
     assert torch.equal(argmax_rows(x[:, ::2]), x[:, ::2].argmax(-1))
     xb = x.to(torch.bfloat16)
     assert torch.equal(argmax_rows(xb), xb.argmax(-1))
+
+
+@pytest.mark.parametrize("shape", [(1, 8192), (16, 8192), (2, 16, 8192), (5, 1000)])
+def test_argmax_max_rows_is_argmax_and_amax(shape: tuple[int, ...]) -> None:
+    """Blocked or not, with NaN, ±inf and all--inf rows: the ids are argmax's and the maxima
+    amax's (NaN where the row holds one)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3)).view(-1, shape[-1])
+    x[0, 17] = float("nan")
+    if x.shape[0] > 3:
+        x[1, 2] = float("inf")
+        x[2] = float("-inf")
+        x[3, :9] = float("-inf")
+    x = x.view(shape)
+    ids, top = argmax_max_rows(x)
+    assert torch.equal(ids, x.argmax(-1))
+    assert torch.equal(top.isnan(), x.amax(-1).isnan())
+    assert torch.equal(top.nan_to_num(), x.amax(-1).nan_to_num())
+
+
+def test_finite_rows_per_request() -> None:
+    top = torch.tensor([[1.0, 2.0], [1.0, float("nan")], [float("-inf"), 0.0],
+                        [3e38, 3e38], [float("inf"), 1.0]])
+    assert finite_rows(top) == [True, False, False, True, False]

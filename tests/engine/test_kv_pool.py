@@ -135,3 +135,23 @@ def test_random_traffic_never_leaks_or_double_books() -> None:
     for h in held:
         p.release(h)
     assert p.used_blocks == 0
+
+
+def test_compact_takes_host_lists_and_checks_them() -> None:
+    """The engine's commit hands the slots over as host lists: the same moves as tensors, and
+    the same value checks (read on the lists)."""
+    a, b = pool(blocks=2, page=4, layers=2), pool(blocks=2, page=4, layers=2)
+    for p in (a, b):
+        p.k.copy_(torch.arange(p.k.numel(), dtype=torch.float32).view_as(p.k))
+        p.v.copy_(-p.k)
+    a.compact(torch.tensor([2, 4, 7]), torch.tensor([1, 2, 3]))
+    b.compact([2, 4, 7], [1, 2, 3])
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    b.compact([], [])  # nothing to move
+    assert torch.equal(a.k, b.k)
+    with pytest.raises(ValueError, match="distinct"):
+        b.compact([1, 2], [3, 3])
+    with pytest.raises(ValueError, match=r"in \[0, S"):
+        b.compact([99], [1])
+    with pytest.raises(ValueError, match="one length"):
+        b.compact([1, 2], [3])

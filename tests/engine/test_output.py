@@ -92,3 +92,27 @@ def test_numeric_failures_fail_their_request_alone() -> None:
     out.row_errors[2] = "sampling: no valid distribution at position 3"
     assert out.bad_logits(sampled, torch.tensor([0.0, 1.0]), outputs)
     assert "no valid distribution" in (sampled.error or "") and not out.row_errors
+
+
+@pytest.mark.parametrize(("rows", "bad"), [
+    ([[0.0, float("nan")]], True),                  # a NaN
+    ([[0.0, float("inf")]], True),                  # a +inf
+    ([[float("-inf"), float("-inf")]], True),       # no finite logit: no distribution
+    ([[0.0, 1.0], [float("-inf")] * 2], True),      # one such row among good ones
+    ([[0.0, float("-inf")]], False),                # -inf alone is probability 0
+    ([[3e38, 3e38]], False),                        # a finite sum overflows: rows checked
+])
+def test_a_row_is_unusable_when_its_maximum_is_not_finite(rows: list, bad: bool) -> None:
+    out = processor()
+    r = request()
+    assert out.bad_logits(r, torch.tensor(rows), {}) is bad
+    assert (r.finish_reason == "error") is bad
+
+
+def test_the_callers_finite_flag_is_the_answer() -> None:
+    """The greedy verify read the rows' maxima already: bad_logits takes its word."""
+    out = processor()
+    ok, bad = request(0), request(1)
+    assert not out.bad_logits(ok, torch.tensor([[0.0, float("nan")]]), {}, finite=True)
+    assert out.bad_logits(bad, torch.tensor([[0.0, 1.0]]), {}, finite=False)
+    assert ok.finish_reason is None and "non-finite logits" in (bad.error or "")

@@ -215,3 +215,33 @@ def test_target_lists_cached_are_bounded() -> None:
     for t in tables:
         assert target_list(t) == t.tolist()
     assert len(host_tree._TARGET_LISTS) <= host_tree._MAX_TABLES
+
+
+def test_tree_draft_attention_over_a_run_of_the_pool() -> None:
+    """One request whose prefix and the room after it are one run of the pool: the buffer is
+    a view (nothing gathered), every frontier's attention is bit for bit the gathered
+    buffer's, and the tree's K/V land only in the room after the prefix."""
+    g = torch.Generator().manual_seed(4)
+    h, hkv, hd, k, steps, lo, n = 4, 2, 8, 3, 3, 5, 11
+    k_pool, v_pool = (torch.randn(1, 40, hkv, hd, generator=g) for _ in range(2))
+    k0, v0 = k_pool.clone(), v_pool.clone()
+    run = TreeDraftAttention(k_pool, v_pool, h, (lo, n), max_tree=steps * k)
+    gathered = TreeDraftAttention(k0.clone(), v0.clone(), h, [torch.arange(lo, lo + n)],
+                                  max_tree=steps * k)
+    assert run.k_buf.data_ptr() == k_pool[0, lo].data_ptr()
+    for step in range(1, steps + 1):
+        anc = torch.rand(1, k, step * k, generator=g) < 0.5
+        anc[:, :, -k:] = torch.eye(k, dtype=torch.bool)
+        q = torch.randn(k, h, hd, generator=g)
+        kn, vn = (torch.randn(k, hkv, hd, generator=g) for _ in range(2))
+        run.set_frontier(anc)
+        gathered.set_frontier(anc)
+        assert torch.equal(run.run(0, q, kn, vn), gathered.run(0, q, kn, vn))
+    room = slice(lo + n, lo + n + steps * k)
+    outside = torch.ones(40, dtype=torch.bool)
+    outside[room] = False
+    assert torch.equal(k_pool[0, outside], k0[0, outside])
+    assert torch.equal(v_pool[0, outside], v0[0, outside])
+    assert torch.equal(k_pool[0, room], gathered.k_buf[0, n:])
+    with pytest.raises(ValueError, match="outside the pool"):
+        TreeDraftAttention(k_pool, v_pool, h, (30, 5), max_tree=steps * k)

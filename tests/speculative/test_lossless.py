@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 import workbench as wb
 
@@ -140,3 +141,48 @@ def test_simulated_accept_length_is_marked_not_lossless(engine: wb.Engine) -> No
 def test_bad_spec_config(kwargs: dict) -> None:
     with pytest.raises(wb.ConfigError, match="SpecConfig"):
         wb.SpecConfig(**kwargs)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "all -inf"])
+def test_an_unusable_verify_row_fails_its_request_alone(engine: wb.Engine, bad: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN, a +inf or a row of -inf in one request's verify logits (any tree node, the
+    greedy verify reads it off its argmax's row maxima) fails that request alone; its
+    neighbour's output equals its baseline, and every KV block comes back. A -inf among finite
+    logits is probability 0, not a failure: that request's output equals its baseline."""
+    sp = wb.SamplingParams(max_new_tokens=16, ignore_eos=True)
+    ps = prompts(3, seed=11)
+    want = [o.token_ids for o in engine.generate(ps, sp)]
+    accept = engine.worker._accept
+    victim: list[int] = []
+
+    def spoiled(reqs: list, tree: object, logits: torch.Tensor) -> object:
+        if not victim:
+            victim.append(reqs[-1].rid)
+        for j, r in enumerate(reqs):
+            if r.rid == victim[0]:  # a node deep in its tree, not only the root
+                if bad == "all -inf":
+                    logits[j, -1] = float("-inf")
+                else:
+                    logits[j, -1, 7] = float(bad)
+            else:
+                # its least likely token at the root gets probability 0: nothing to fail
+                logits[j, 0, int(logits[j, 0].argmin())] = float("-inf")
+        return accept(reqs, tree, logits)
+
+    monkeypatch.setattr(engine.worker, "_accept", spoiled)
+    engine.set_spec(CONFIGS["S5 K4 N16"])
+    try:
+        rids = [engine.add_request(p, sp) for p in ps]
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        engine.set_spec(None)
+    assert victim and victim[0] in rids
+    for rid, toks in zip(rids, want, strict=True):
+        out = engine.output(rid)
+        if rid == victim[0]:
+            assert out.finish_reason == "error" and "non-finite" in (out.error or "")
+        else:
+            assert out.finish_reason == "length" and out.token_ids == toks
+    assert engine.kv_usage()["used_blocks"] == 0

@@ -31,6 +31,7 @@ class PagedAttention:
         self.gqa = num_heads != k_pool.shape[2]
         dev = self.device = k_pool.device  # plans arrive on the host (KVPool.slots): moved here
         self.write_slots = torch.empty(0, dtype=torch.int64, device=dev)
+        self._no_slots = self.write_slots  # a plan_run's: it writes through views
         self.kv_index = torch.empty(0, 0, dtype=torch.int64, device=dev)
         self.kv_flat = torch.empty(0, dtype=torch.int64, device=dev)
         self.mask: torch.Tensor | None = None
@@ -64,25 +65,19 @@ class PagedAttention:
         self.q_shape = (b, lq)
         uniform = all(q == lq for q in q_lens) and all(int(s.numel()) == lk for s in kv_slots)
         # One request whose slots are one run (the allocator hands out ascending blocks, so a
-        # lone stream usually has them): attend to a view of the pool, no gather at all, and
-        # write the new tokens' K/V through a view too (a strided copy: ~1.5 µs per layer less
-        # than index_copy_ at T=1). Every layer's views are made once here, per forward.
-        self.span_k = self.span_v = self.run_k = self.run_v = None
-        # the run check on host ints: one list read instead of four tensor ops, which cost
-        # ~25 µs each right after a forward has pushed torch's dispatch out of the caches
+        # lone stream usually has them): plan_run. The run check on host ints: one list read
+        # instead of four tensor ops, which cost ~25 µs each right after a forward has pushed
+        # torch's dispatch out of the caches (the engine asks KVPool.run first: no tensors)
         host = kv_slots[0].tolist() if b == 1 and lk > 1 else None
         if host is not None and host[-1] - host[0] == lk - 1 and \
                 host == list(range(host[0], host[0] + lk)):
-            lo = host[0]
-            self.span_k, self.span_v = _span(self.k_pool, lo, lk), _span(self.v_pool, lo, lk)
-            w0 = lo + lk - lq  # the new tokens are the last q of the request's slots
-            self.run_k = self.k_pool[:, w0 : w0 + lq]
-            self.run_v = self.v_pool[:, w0 : w0 + lq]
-        else:
-            self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
-                [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
-            self.kv_index = self.kv_index.to(dev)
-            self.kv_flat = self.kv_index.flatten()
+            self.plan_run(host[0], lk, lq, tree_masks[0] if tree_masks is not None else None)
+            return
+        self.span_k = self.span_v = self.run_k = self.run_v = None
+        self.kv_index = torch.stack(kv_slots) if uniform else torch.stack(
+            [F.pad(s, (0, lk - int(s.numel()))) for s in kv_slots])
+        self.kv_index = self.kv_index.to(dev)
+        self.kv_flat = self.kv_index.flatten()
         self.q_index = None if uniform else torch.cat(
             [torch.arange(q, device=dev) + i * lq for i, q in enumerate(q_lens)])
         tree = has_tree(tree_masks)
@@ -92,21 +87,14 @@ class PagedAttention:
         if uniform and not tree and lq == 1:
             self.mask = None
             return
-        if uniform and not tree and b == 1 and lq == lk:
-            self.mask, self.is_causal = None, True
+        if b == 1:
+            self._one_mask(lq, lk, tree_masks[0] if tree_masks is not None else None)
             return
         # Additive float mask (0 / -inf), built once per forward: SDPA turns a bool mask into
         # exactly this on every call (so the outputs are bit-identical), ~3 µs per layer at
         # T=16 (measured on the 2-core EPYC: 58 vs 61 µs per verify-shaped call). Built
         # directly (no bool mask first): prefix columns 0, each request's new-token block the
         # cached causal block or its tree mask, everything else -inf.
-        if b == 1:  # one request (q = lq, n = lk): its prefix columns, then its own block
-            tm = tree_masks[0] if tree_masks is not None else None
-            block = self._causal(lq) if tm is None else torch.where(tm, 0.0, float("-inf"))
-            if block.dtype != self.sdpa_dtype:
-                block = block.to(self.sdpa_dtype)
-            self.mask = torch.cat([block.new_zeros(lq, lk - lq), block], 1).view(1, 1, lq, lk)
-            return
         mask = torch.full((b, 1, lq, lk), float("-inf"), dtype=self.sdpa_dtype, device=dev)
         for i, (q, s) in enumerate(zip(q_lens, kv_slots, strict=True)):
             n = int(s.numel())
@@ -120,6 +108,38 @@ class PagedAttention:
             if q < lq:  # padded query rows attend to one key so softmax stays finite
                 mask[i, 0, q:, 0] = 0.0
         self.mask = mask  # (B, 1, Lq, Lk)
+
+    def plan_run(self, lo: int, lk: int, lq: int, tree_mask: torch.Tensor | None) -> None:
+        """:meth:`plan` for one request whose ``lk`` slots are the pool's run [lo, lo + lk)
+        (``KVPool.run``), its ``lq`` new tokens the last of them: attend to a view of the pool,
+        no gather at all, and write the new tokens' K/V through a view too (a strided copy:
+        ~1.5 µs per layer less than index_copy_ at T=1). Every layer's views are made once
+        here, per forward; no slot tensor is read or made."""
+        self.q_shape = (1, lq)
+        self.write_slots = self._no_slots  # the run views below are where the tokens go
+        self.span_k, self.span_v = _span(self.k_pool, lo, lk), _span(self.v_pool, lo, lk)
+        w0 = lo + lk - lq
+        self.run_k = self.k_pool[:, w0 : w0 + lq]
+        self.run_v = self.v_pool[:, w0 : w0 + lq]
+        self.q_index = None
+        self.is_causal = False
+        if tree_mask is None and lq == 1:
+            self.mask = None
+            return
+        self._one_mask(lq, lk, tree_mask)
+
+    def _one_mask(self, lq: int, lk: int, tree_mask: torch.Tensor | None) -> None:
+        """One request's mask: none for a fresh causal prefill (``is_causal``), else additive
+        (0 / -inf, what SDPA makes of a bool mask on every call, so bit-identical): its prefix
+        columns 0, then its own block (the cached causal block or its tree mask)."""
+        if tree_mask is None and lq == lk:
+            self.mask, self.is_causal = None, True
+            return
+        block = self._causal(lq) if tree_mask is None else \
+            torch.where(tree_mask, 0.0, float("-inf"))
+        if block.dtype != self.sdpa_dtype:
+            block = block.to(self.sdpa_dtype)
+        self.mask = torch.cat([block.new_zeros(lq, lk - lq), block], 1).view(1, 1, lq, lk)
 
     def _causal(self, q: int) -> torch.Tensor:
         """(q, q) additive causal block (0 on and below the diagonal, -inf above); cached for

@@ -1,7 +1,9 @@
 """Draft-tree attention for the drafter (:func:`workbench.speculative.drafter.draft_tree`).
 
 Not a pool backend: it reads the draft pool once per draft phase (each request's prefix) and
-keeps the tree's own K/V in a local buffer, so rejected branches never touch the pool.
+keeps the tree's own K/V in a local buffer, so rejected branches never touch the draft's KV.
+One request whose prefix and the room after it are one run of the pool reads it as a view
+instead (no gather; the tree's K/V go to that room, past the draft's prefix).
 """
 
 from __future__ import annotations
@@ -15,33 +17,37 @@ class TreeDraftAttention:
     """Draft-tree attention: gathered draft prefix (once per draft phase) + tree-local K/V.
 
     Prefix and tree entries share one buffer of Lp + ``max_tree`` rows, filled depth by depth
-    (nothing is re-concatenated per depth). Tree nodes are never written to the pool; rejected
+    (nothing is re-concatenated per depth). Tree nodes never reach the draft's KV: they go to
+    the local buffer, or (one request over a run of the pool) to the scratch slots after its
+    prefix, positions the draft has not seen and the next draft extend overwrites; rejected
     branches therefore need no rewind.
     """
 
     def __init__(self, k_pool: torch.Tensor, v_pool: torch.Tensor, num_heads: int,
-                 prefix_slots: list[torch.Tensor], max_tree: int) -> None:
-        """``max_tree``: tree entries the draft phase adds, (S−1)·K."""
-        b = len(prefix_slots)
-        lens = [int(s.numel()) for s in prefix_slots]
-        lk = max(lens)
+                 prefix_slots: list[torch.Tensor] | tuple[int, int], max_tree: int) -> None:
+        """``max_tree``: tree entries the draft phase adds, (S−1)·K. ``prefix_slots``: per
+        request the pool slots of its prefix; or ``(lo, n)`` for one request whose prefix is
+        the pool's slots [lo, lo + n) and whose next ``max_tree`` slots are its own scratch
+        (``KVPool.run`` over prefix and tree; positions the draft has not seen, which the next
+        draft extend overwrites): the buffer is then that view of the pool, nothing gathered,
+        and the tree's K/V land in the scratch slots."""
         dev = k_pool.device  # prefix slots arrive on the host (KVPool.slots)
-        # shorter prefixes padded with slot 0 (masked out below)
-        idx = prefix_slots[0] if b == 1 else pad_sequence(prefix_slots, batch_first=True).flatten()
-        if idx.device != dev:
-            idx = idx.to(dev)
-        # the prefix is gathered straight into the buffer (one copy, not gather + cat)
-        self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
-        self.v_buf = v_pool.new_empty(b, lk + max_tree, *v_pool.shape[2:])
+        if isinstance(prefix_slots, tuple):
+            lo, lk = prefix_slots
+            if lo < 0 or lo + lk + max_tree > k_pool.shape[1]:
+                raise ValueError(f"TreeDraftAttention: run [{lo}, {lo + lk + max_tree}) outside "
+                                 f"the pool's {k_pool.shape[1]} slots")
+            lens = [lk]
+            self.k_buf = k_pool[0:1, lo : lo + lk + max_tree]  # (1, Lp + cap, Hkv, hd) views
+            self.v_buf = v_pool[0:1, lo : lo + lk + max_tree]
+        else:
+            lens = [int(s.numel()) for s in prefix_slots]
+            lk = max(lens)
+            self._gather(k_pool, v_pool, prefix_slots, lk, max_tree)
+        b = len(lens)
         # one request: its (L, Hkv, hd) rows, which the flat (K, Hkv, hd) k/v go to directly
         self.k_one: torch.Tensor | None = self.k_buf[0] if b == 1 else None
         self.v_one: torch.Tensor | None = self.v_buf[0] if b == 1 else None
-        if self.k_one is not None and self.v_one is not None:
-            torch.index_select(k_pool[0], 0, idx, out=self.k_one[:lk])
-            torch.index_select(v_pool[0], 0, idx, out=self.v_one[:lk])
-        else:
-            self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
-            self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
         # SDPA's (B, Hkv, L, hd) views of the buffers, sliced to the entries written so far
         self.k_t, self.v_t = self.k_buf.transpose(1, 2), self.v_buf.transpose(1, 2)
         # which prefix rows are real (the rest pad shorter prefixes); None: all of them (one
@@ -57,6 +63,23 @@ class TreeDraftAttention:
         self.b, self.h = b, num_heads
         self.gqa = num_heads != k_pool.shape[2]
         self.anc: torch.Tensor | None = None  # (B, K, n_tree) ancestors-or-self of the frontier
+
+    def _gather(self, k_pool: torch.Tensor, v_pool: torch.Tensor, prefix_slots: list[torch.Tensor],
+                lk: int, max_tree: int) -> None:
+        """The prefixes gathered straight into a fresh buffer (one copy, not gather + cat),
+        shorter ones padded with slot 0 (masked out: ``pre_valid``)."""
+        b = len(prefix_slots)
+        idx = prefix_slots[0] if b == 1 else pad_sequence(prefix_slots, batch_first=True).flatten()
+        if idx.device != k_pool.device:
+            idx = idx.to(k_pool.device)
+        self.k_buf = k_pool.new_empty(b, lk + max_tree, *k_pool.shape[2:])
+        self.v_buf = v_pool.new_empty(b, lk + max_tree, *v_pool.shape[2:])
+        if b == 1:
+            torch.index_select(k_pool[0], 0, idx, out=self.k_buf[0, :lk])
+            torch.index_select(v_pool[0], 0, idx, out=self.v_buf[0, :lk])
+        else:
+            self.k_buf[:, :lk] = k_pool[0].index_select(0, idx).view(b, lk, *k_pool.shape[2:])
+            self.v_buf[:, :lk] = v_pool[0].index_select(0, idx).view(b, lk, *v_pool.shape[2:])
 
     def set_frontier(self, anc: torch.Tensor) -> None:
         """anc (B, K, n_tree_after_this_step): which tree entries each query may see, as bool

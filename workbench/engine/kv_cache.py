@@ -11,6 +11,8 @@ first ``v_dim`` columns (``v_dim`` given): the pool stores the latent once.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from workbench.errors import KVExhausted
@@ -85,29 +87,50 @@ class KVPool:
         Blocks covering [start, end) that are one ascending run (the free list hands them out
         so; a lone stream nearly always has them) are one ``arange``: 2 vs 13 µs per call on
         the 2-core EPYC, paid 1 (plain) to 5 (speculative) times per step."""
-        page = self.page_size
-        if end > start:
-            b0, b1 = start // page, (end - 1) // page
-            first = blocks[b0]
-            if all(blocks[b0 + i] == first + i for i in range(1, b1 - b0 + 1)):
-                base = (first - b0) * page
-                return torch.arange(base + start, base + end, device="cpu")
+        lo = self.run(blocks, start, end)
+        if lo is not None:
+            return torch.arange(lo, lo + end - start, device="cpu")
         pos = torch.arange(start, end, device="cpu")
         table = torch.tensor(blocks, dtype=torch.int64, device="cpu")
         return table[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def run(self, blocks: list[int], start: int, end: int) -> int | None:
+        """The slot of position ``start`` when the slots of [start, end) are one ascending run
+        of ``blocks`` (``slots`` is then ``arange(lo, lo + end - start)``), else None (also
+        when ``blocks`` do not reach ``end``): host ints only, for a plan that attends to a
+        view of the pool (PagedAttention.plan_run, TreeDraftAttention)."""
+        page = self.page_size
+        if end <= start or (end - 1) // page >= len(blocks):
+            return None  # empty, or beyond the request's blocks
+        b0, b1 = start // page, (end - 1) // page
+        first = blocks[b0]
+        if all(blocks[b0 + i] == first + i for i in range(1, b1 - b0 + 1)):
+            return (first - b0) * page + start
+        return None
 
     def slot_list(self, blocks: list[int], start: int, end: int) -> list[int]:
         """:meth:`slots` as host ints, for callers that read them on the host (no tensor)."""
         page = self.page_size
         return [blocks[p // page] * page + p % page for p in range(start, end)]
 
-    def compact(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src]."""
+    def compact(self, src: torch.Tensor | list[int], dst: torch.Tensor | list[int]) -> None:
+        """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src].
+        Host lists (the engine's commit) become one index buffer, and the kernel's value check
+        reads the lists rather than the tensors."""
         from workbench.kernels import compact_kv
 
+        host = None
+        if isinstance(src, list) or isinstance(dst, list):
+            if not (isinstance(src, list) and isinstance(dst, list)) or len(src) != len(dst):
+                raise ValueError("KVPool.compact: src and dst must be host lists of one length")
+            if not src:
+                return
+            host = (src, dst)
+            idx = torch.frombuffer(array("q", src + dst), dtype=torch.int64)
+            src, dst = idx[: len(host[0])], idx[len(host[0]) :]
         if src.device != self.k.device:  # (a no-op .to is still a dispatch per call)
             src, dst = src.to(self.k.device), dst.to(self.k.device)
         if self.v_shares_k:  # one pool: gather (a copy), then scatter
             self.k.index_copy_(1, dst, self.k.index_select(1, src))
             return
-        compact_kv(self.k, self.v, src, dst)
+        compact_kv(self.k, self.v, src, dst, host)

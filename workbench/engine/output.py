@@ -108,18 +108,23 @@ class OutputProcessor:
         outputs[r.rid] = StepOutput(r.rid, delta, r.finished, r.finish_reason, r.error)
         return n
 
-    def bad_logits(self, r: Request, logits: torch.Tensor,
-                   outputs: dict[int, StepOutput]) -> bool:
-        """Request-scoped numeric failures fail this request only; the others continue: its
-        logits are non-finite, or its sampling found no valid distribution (``row_errors``)."""
+    def bad_logits(self, r: Request, logits: torch.Tensor, outputs: dict[int, StepOutput],
+                   finite: bool | None = None) -> bool:
+        """Request-scoped numeric failures fail this request only; the others continue: a row
+        of its logits is not a distribution (a NaN or +inf logit, or no finite one: its
+        maximum is not finite; -inf alone is probability 0), or its sampling found no valid
+        distribution (``row_errors``). ``finite``: the caller already knows whether every
+        row's maximum is finite (the greedy verify's argmax read it), so no pass here."""
         sampling_error = self.row_errors.pop(r.rid, None)
         if sampling_error is not None:
             self.fail_request(r, f"request {r.rid}: {sampling_error}", outputs)
             return True
-        # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf); only
-        # a non-finite sum (or a huge finite overflow) pays for the elementwise check.
-        if faults.active(f"step:nan_logits@{r.rid}") or (
-                not math.isfinite(float(logits.sum())) and not bool(torch.isfinite(logits).all())):
+        if finite is None:
+            # A finite sum means every logit is finite (a NaN or inf would make it NaN or inf);
+            # only a non-finite sum (or a huge finite overflow) pays for the rows' maxima.
+            finite = math.isfinite(float(logits.sum())) or \
+                bool(torch.isfinite(logits.amax(-1)).all())
+        if faults.active(f"step:nan_logits@{r.rid}") or not finite:
             self.fail_request(r, f"request {r.rid}: non-finite logits at position {r.kv_len}",
                               outputs)
             return True

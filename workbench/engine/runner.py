@@ -215,24 +215,40 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target over ``batch``: (hidden (T, D), aux features (T, 3·D) or None)."""
         assert self.pool is not None and self.attn is not None and self.target is not None
-        write, kv = [], []
-        for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
-            all_slots = self.pool.slots(r.blocks, 0, e)
-            write.append(all_slots[s:])
-            kv.append(all_slots)
-        q_lens, write_slots = batch.q_lens, _cat(write)
-        if self.graphs is not None:
-            out = self.graphs.run(batch.tokens, batch.positions, write_slots, q_lens, kv,
-                                  batch.tree_masks, batch.want_aux)
-            if out is not None:
-                return out
-        self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
+        if not self._plan_run(self.attn, batch):
+            write, kv = [], []
+            for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
+                all_slots = self.pool.slots(r.blocks, 0, e)
+                write.append(all_slots[s:])
+                kv.append(all_slots)
+            q_lens, write_slots = batch.q_lens, _cat(write)
+            if self.graphs is not None:
+                out = self.graphs.run(batch.tokens, batch.positions, write_slots, q_lens, kv,
+                                      batch.tree_masks, batch.want_aux)
+                if out is not None:
+                    return out
+            self.attn.plan(write_slots, q_lens, kv, batch.tree_masks)
         result = self.target(batch.tokens, batch.positions, self.attn,
                              self.aux_layers if batch.want_aux else ())
         if self.trace is not None and self.trace.wants(ev.ExpertRouting) and isinstance(
                 self.target, MoeForCausalLM):
             self.emit_routing(batch, self.target)
         return result
+
+    def _plan_run(self, attn: AttentionBackend, batch: ForwardBatch) -> bool:
+        """One request whose slots are one run of the pool, on a backend that attends to a
+        view of it (``plan_run``) and without CUDA graphs: planned from host ints alone (no
+        slot tensor made or read; ``KVPool.run``). False: plan from the slots."""
+        plan_run = getattr(attn, "plan_run", None)
+        if len(batch.reqs) != 1 or plan_run is None or self.graphs is not None:
+            return False
+        assert self.pool is not None
+        r, s, e = batch.reqs[0], batch.starts[0], batch.ends[0]
+        lo = self.pool.run(r.blocks, 0, e)
+        if lo is None:
+            return False
+        plan_run(lo, e, e - s, batch.tree_masks[0] if batch.tree_masks else None)
+        return True
 
     def emit_routing(self, batch: ForwardBatch, target: MoeForCausalLM) -> None:
         """One ExpertRouting event for the forward just run: tokens per expert per MoE layer
@@ -253,6 +269,19 @@ class ModelRunner:
         assert self.pool is not None
         return r.draft.slots(self.pool.slots(r.blocks, 0, end))
 
+    def draft_prefix(self, r: Request, scratch: int) -> torch.Tensor | tuple[int, int]:
+        """A draft tree's prefix (TreeDraftAttention): ``(lo, n)`` when the draft holds every
+        position (no holes) and the slots of its n positions and of ``scratch`` more after them
+        are one run of the request's blocks (the tree's K/V go there: nothing gathered), else
+        the slots of its positions."""
+        assert self.pool is not None
+        n = r.draft.len
+        if not r.draft.holes:
+            lo = self.pool.run(r.blocks, 0, n + scratch)
+            if lo is not None:
+                return lo, n
+        return self.draft_slots(r, n)
+
     def draft_forward(self, batch: ForwardBatch, hidden: torch.Tensor,
                       logit_rows: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -260,12 +289,13 @@ class ModelRunner:
         to the draft pool (each request's holes left out) and attention sees the positions the
         draft holds. Returns (logits at ``logit_rows``, every row when None; hidden rows)."""
         assert self.draft is not None and self.draft_attn is not None
-        write, kv = [], []
-        for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
-            slots = self.draft_slots(r, e)
-            write.append(slots[slots.numel() - (e - s):])
-            kv.append(slots)
-        self.draft_attn.plan(_cat(write), batch.q_lens, kv)
+        if batch.reqs[0].draft.holes or not self._plan_run(self.draft_attn, batch):
+            write, kv = [], []
+            for r, s, e in zip(batch.reqs, batch.starts, batch.ends, strict=True):
+                slots = self.draft_slots(r, e)
+                write.append(slots[slots.numel() - (e - s):])
+                kv.append(slots)
+            self.draft_attn.plan(_cat(write), batch.q_lens, kv)
         return self.draft(batch.tokens, hidden, batch.positions, self.draft_attn,
                           logit_rows=logit_rows)
 

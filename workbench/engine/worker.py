@@ -292,12 +292,17 @@ class EagleWorker:
         assert runner.draft is not None and pool is not None
         assert pool.dk is not None and pool.dv is not None
         on_step = self._trace_draft_step(reqs) if self.trace.wants(ev.DraftStep) else None
+        prefix: list[torch.Tensor] | tuple[int, int]
+        if len(reqs) == 1:  # a run of the pool with room for the tree after it, if it is one
+            one = runner.draft_prefix(reqs[0], (d.num_steps - 1) * d.topk)
+            prefix = one if isinstance(one, tuple) else [one]
+        else:
+            prefix = [runner.draft_slots(r, r.draft.len) for r in reqs]
         return draft_tree(
             runner.draft, _stack([r.draft.logits for r in reqs]),  # type: ignore[misc]
             _stack([r.draft.hidden for r in reqs]),  # type: ignore[misc]
-            [r.tokens[-1] for r in reqs], [r.kv_len for r in reqs],
-            [runner.draft_slots(r, r.draft.len) for r in reqs], pool.dk, pool.dv, d.num_steps,
-            d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
+            [r.tokens[-1] for r in reqs], [r.kv_len for r in reqs], prefix, pool.dk, pool.dv,
+            d.num_steps, d.topk, d.num_draft_tokens, on_step, self._score_temperatures(reqs))
 
     def _commit(self, reqs: list[Request], tree: DraftTree, res: VerifyResult,
                 host: HostLists, logits: torch.Tensor, aux: torch.Tensor,
@@ -313,7 +318,8 @@ class EagleWorker:
         dst: list[int] = []
         ok: list[tuple[int, Request, int, list[int]]] = []
         for i, r in enumerate(reqs):
-            if out.bad_logits(r, logits[i], outputs):
+            if out.bad_logits(r, logits[i], outputs,
+                              None if res.finite is None else res.finite[i]):
                 continue
             m = accepted[i]
             path = acc_rows[i][: m + 1]
@@ -324,9 +330,7 @@ class EagleWorker:
                 dst.extend(slots[j] for j in moved)
             ok.append((i, r, m, path))
         if src:
-            # slots are host plan metadata (KVPool.slots); compact moves them to the pool
-            pool.compact(torch.tensor(src, dtype=torch.int64, device="cpu"),
-                         torch.tensor(dst, dtype=torch.int64, device="cpu"))
+            pool.compact(src, dst)  # host lists (plan metadata): one index buffer
         keep: list[Request] = []
         for i, r, m, path in ok:
             new = [tokens[i][p] for p in path[1:]] + [bonus[i]]

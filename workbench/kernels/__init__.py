@@ -133,14 +133,16 @@ def tree_speculative_sample(
 
 
 def compact_kv(
-    k_pool: torch.Tensor, v_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor
+    k_pool: torch.Tensor, v_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+    host: tuple[list[int], list[int]] | None = None
 ) -> None:
     """In place ``pool[:, dst_slots[i]] = pool[:, src_slots[i]]`` for K and V, gather first.
 
     Shapes: k_pool, v_pool (L, S, Hkv, hd); src_slots, dst_slots (M,) int64.
+    ``host``: the slots as host lists too (the CPU reference checks them there).
     Full contract: ``reference.compact_kv``.
     """
     if backend_for(k_pool.device) == "triton":
         _triton_module("compact_kv").compact_kv_triton(k_pool, v_pool, src_slots, dst_slots)
     else:
-        reference.compact_kv(k_pool, v_pool, src_slots, dst_slots)
+        reference.compact_kv(k_pool, v_pool, src_slots, dst_slots, host)

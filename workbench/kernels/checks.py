@@ -262,13 +262,15 @@ def check_compact_kv_args(
     return k_pool.shape[0], k_pool.shape[1], src_slots.shape[0]
 
 
-def check_compact_kv_values(src_slots: torch.Tensor, dst_slots: torch.Tensor, slots: int) -> None:
-    """Slots in [0, S) and destinations distinct (reads values)."""
+def check_compact_kv_values(src_slots: torch.Tensor, dst_slots: torch.Tensor, slots: int,
+                            host: tuple[list[int], list[int]] | None = None) -> None:
+    """Slots in [0, S) and destinations distinct (reads values; ``host``: the same values as
+    host lists already, not read back)."""
     if src_slots.numel() == 0:
         return
     # one read of each (M is a tree's accepted nodes: a handful), checked on host ints
-    dst = dst_slots.tolist()
-    for name, xs in (("src_slots", src_slots.tolist()), ("dst_slots", dst)):
+    src, dst = host if host is not None else (src_slots.tolist(), dst_slots.tolist())
+    for name, xs in (("src_slots", src), ("dst_slots", dst)):
         lo, hi = min(xs), max(xs)
         _need(0 <= lo and hi < slots,
               f"{name} must be slot ids in [0, S = {slots}), got range [{lo}, {hi}]")

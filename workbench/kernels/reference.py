@@ -250,7 +250,8 @@ def tree_speculative_sample(
 
 
 def compact_kv(
-    k_pool: torch.Tensor, v_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor
+    k_pool: torch.Tensor, v_pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+    host: tuple[list[int], list[int]] | None = None
 ) -> None:
     """Move KV entries between slots, all layers, in place: ``pool[:, dst[i]] = pool[:, src[i]]``.
 
@@ -262,9 +263,11 @@ def compact_kv(
         v_pool: values. Shape: (L, S, Hkv, hd), dtype of k_pool.
         src_slots: slots to read. Shape: (M,), int64, in [0, S).
         dst_slots: slots to write. Shape: (M,), int64, in [0, S), distinct.
+        host: ``src_slots`` and ``dst_slots`` as host lists, when the caller has them (the
+            values are checked on them, not read back).
     """
     _, slots, _ = check_compact_kv_args(k_pool, v_pool, src_slots, dst_slots)
-    check_compact_kv_values(src_slots, dst_slots, slots)
+    check_compact_kv_values(src_slots, dst_slots, slots, host)
     for pool in (k_pool, v_pool):
         # gather (a copy), then scatter; index_select/index_copy_ rather than pool[:, dst] =
         # pool[:, src]: the same copies at 6 vs 150 µs for a few rows of an 18-layer pool

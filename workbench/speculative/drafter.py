@@ -22,13 +22,15 @@ from workbench.speculative.tree import build_tree, expand, per_shape, select_fro
 @torch.inference_mode()
 def draft_tree(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
                root_tokens: torch.Tensor | list[int], root_pos: torch.Tensor | list[int],
-               prefix_slots: list[torch.Tensor], k_pool: torch.Tensor, v_pool: torch.Tensor,
+               prefix_slots: list[torch.Tensor] | tuple[int, int], k_pool: torch.Tensor,
+               v_pool: torch.Tensor,
                num_steps: int, topk: int, num_draft_tokens: int,
                on_step: object = None,
                score_temperature: torch.Tensor | float | None = None) -> DraftTree:
     """logits0 (B, Vd), hidden0 (B, D) from the last extend; root_tokens, root_pos (B,), as
     tensors or host int lists (the engine's: the CPU one-request tree reads them as ints);
-    prefix_slots: per request the draft-pool slots of positions [0, n). Returns the tree
+    prefix_slots: per request the draft-pool slots of positions [0, n), or (lo, n) for one
+    request whose slots [lo, lo + n + (S−1)·K) are one run (TreeDraftAttention). Returns the tree
     (target-vocab ids). ``on_step(depth, tokens (B, K), probs (B, K), parents (B, K))`` is
     called per step when given (tracing). ``score_temperature`` (B,) divides each request's
     draft logits before they score and rank nodes (calibration, see

@@ -74,7 +74,7 @@ _SEE, _HIDE = array("f", [0.0]).tobytes(), array("f", [float("-inf")]).tobytes()
 @torch.inference_mode()
 def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Tensor,
                    root: int, pos0: int,
-                   prefix_slots: list[torch.Tensor], k_pool: torch.Tensor,
+                   prefix_slots: list[torch.Tensor] | tuple[int, int], k_pool: torch.Tensor,
                    v_pool: torch.Tensor, num_steps: int, k: int, num_draft_tokens: int,
                    inv_t: torch.Tensor | float | None) -> DraftTree:
     """``draft_tree`` for B = 1 on the CPU, without tracing (its arguments, with the root's
@@ -105,17 +105,17 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
     anc = eye
     # the frontier's tokens, its positions (a frontier node's: the root's + step − 1) and,
     # from step 2, the forward rows its hidden states come from: one buffer, rows as views
-    ints = _longs(c_tok + [pos0] * k, 2)
+    tok, pos = _longs(c_tok + [pos0] * k, 2).unbind(0)  # rows as views: one op for all
     for step in range(1, num_steps):
         attn.set_frontier(torch.frombuffer(bytearray().join(anc),
                                            dtype=torch.float32).view(1, k, step * k))
-        logits, out = draft(ints[0], hidden, ints[1], attn)
+        logits, out = draft(tok, hidden, pos, attn)
         # in place: the draft's logits are its fresh output, read only here
         x = logits if inv_t is None else logits.mul_(inv_t)
         lp, ids = torch.topk(torch.log_softmax(x, dim=-1), k, dim=-1)  # (K, K)
-        lps = [0.0 if v > 0.0 else v for v in lp.view(-1).tolist()]
+        lps = [0.0 if v > 0.0 else v for row in lp.tolist() for v in row]
         scores = array("f", map(add, f_scores, lps)).tolist()
-        toks = list(map(to_target.__getitem__, ids.view(-1).tolist()))
+        toks = [to_target[i] for row in ids.tolist() for i in row]
         base = len(c_tok)
         c_tok += toks
         c_lp += lps
@@ -128,8 +128,9 @@ def draft_tree_one(draft: Eagle3Draft, logits0: torch.Tensor, hidden0: torch.Ten
         rows = [j // k for j in pick]
         front = [base + j for j in pick]
         f_scores = [scores[j] for j in pick for _ in range(k)]
-        ints = _longs(list(map(toks.__getitem__, pick)) + [pos0 + step] * k + rows, 3)
-        hidden = out.index_select(0, ints[2])
+        tok, pos, src = _longs(list(map(toks.__getitem__, pick)) + [pos0 + step] * k + rows,
+                               3).unbind(0)
+        hidden = out.index_select(0, src)
         anc = [anc[r] + e for r, e in zip(rows, eye, strict=True)]
     return _tree(root, pos0, c_tok, c_par, c_score, c_lp, num_draft_tokens)
 

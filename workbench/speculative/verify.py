@@ -25,6 +25,7 @@ same walks written out line by line).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -32,7 +33,7 @@ import torch
 from workbench import kernels
 from workbench.core import DraftTree, Request, VerifyResult
 from workbench.kernels import reference
-from workbench.sampler import argmax_rows, process_probs, valid_distribution
+from workbench.sampler import argmax_max_rows, process_probs, valid_distribution
 
 
 def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request],
@@ -75,16 +76,27 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
 
 def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     """target_logits (B, N, V) → longest path whose tokens equal the target's argmax at the
-    parent, then the bonus = argmax at the last accepted node."""
-    predict = argmax_rows(target_logits)  # (B, N)
+    parent, then the bonus = argmax at the last accepted node. The argmax's row maxima also
+    say whether each request's logits are usable (``VerifyResult.finite``)."""
+    predict, top = argmax_max_rows(target_logits)  # (B, N) each
+    finite = finite_rows(top)
     if predict.device.type == "cpu" and kernels.backend_for(predict.device) == "reference":
         # the CPU walk (kernels.greedy_accept's choice there); its host lists ride along
         (idx, n_acc, bonus), host = reference.greedy_accept_host(tree.tokens, tree.parents,
                                                                  predict, tree.host)
         return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
-                            target_tokens=predict, host=host)
+                            target_tokens=predict, host=host, finite=finite)
     idx, n_acc, bonus = kernels.greedy_accept(tree.tokens, tree.parents, predict)
-    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict)
+    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict,
+                        finite=finite)
+
+
+def finite_rows(top: torch.Tensor) -> list[bool]:
+    """top (B, N): each node's maximum logit → per request, is every one finite (a NaN or +inf
+    logit, or a row of -inf, makes it not). One read for the batch: a request's finite sum
+    says all its maxima are; a non-finite one (or a finite overflow) is checked elementwise."""
+    sums = top.sum(-1).tolist()
+    return [math.isfinite(s) or bool(torch.isfinite(top[i]).all()) for i, s in enumerate(sums)]
 
 
 def sample_verify(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor,
