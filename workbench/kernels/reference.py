@@ -13,6 +13,8 @@ Rethinking Feature Uncertainty") and SpecInfer's multi-candidate recursive rejec
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from workbench.kernels.checks import (
@@ -166,10 +168,17 @@ def greedy_accept_host(
                 n += 1
                 idx[n] = cur = c
         accept_len[b], bonus[b] = n, tb[cur]
-    # one host→device copy: [accept_index | accept_len | bonus] per row, returned as views
-    out = torch.tensor([idx + [n, t] for idx, n, t in zip(accept_index, accept_len, bonus,
-                                                          strict=True)],
-                       dtype=torch.int64, device=candidates.device).view(batch, nodes + 2)
+    # one buffer (one host→device copy off the CPU): [accept_index | accept_len | bonus] per
+    # row, returned as views
+    flat = array("q")
+    for idx, n, t in zip(accept_index, accept_len, bonus, strict=True):
+        flat.extend(idx)
+        flat.append(n)
+        flat.append(t)
+    out = torch.frombuffer(flat, dtype=torch.int64).view(batch, nodes + 2) if flat \
+        else torch.empty(batch, nodes + 2, dtype=torch.int64)
+    if out.device != candidates.device:
+        out = out.to(candidates.device)
     return ((out[:, :nodes], out[:, nodes], out[:, nodes + 1]),
             (accept_index, accept_len, bonus, cand))
 

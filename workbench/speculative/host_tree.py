@@ -156,10 +156,11 @@ def _tree(root: int, root_pos: int, c_tok: list[int], c_par: list[int], c_score:
         row[i] = 1
         mask.append(row)
     tokens = [root] + list(map(c_tok.__getitem__, chosen))
-    ints = _longs(tokens + parents + depth + [root_pos + d for d in depth], 4)
-    floats = torch.frombuffer(array("f", [0.0] + list(map(c_score.__getitem__, chosen)) + [0.0]
-                                    + list(map(c_lp.__getitem__, chosen))),
-                              dtype=torch.float32).view(2, n)
-    return DraftTree(tokens=ints[0:1], parents=ints[1:2], depth=ints[2:3], positions=ints[3:4],
-                     mask=_bools(mask, n), scores=floats[0:1], draft_probs=floats[1:2].exp(),
-                     host=([tokens], [parents]))
+    # each field a (1, n) row of one buffer per kind (one unbind for all of them)
+    toks, pars, deps, poss = _longs(tokens + parents + depth + [root_pos + d for d in depth],
+                                    4).view(4, 1, n).unbind(0)
+    scores, lps = torch.frombuffer(
+        array("f", [0.0] + list(map(c_score.__getitem__, chosen)) + [0.0]
+              + list(map(c_lp.__getitem__, chosen))), dtype=torch.float32).view(2, 1, n).unbind(0)
+    return DraftTree(tokens=toks, parents=pars, depth=deps, positions=poss, mask=_bools(mask, n),
+                     scores=scores, draft_probs=lps.exp(), host=([tokens], [parents]))
