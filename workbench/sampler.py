@@ -80,11 +80,12 @@ def _argmax_rows(x: torch.Tensor, want_max: bool) -> tuple[torch.Tensor, torch.T
             or not x.is_contiguous()):
         return x.argmax(-1), x.amax(-1) if want_max else None
     xb = x.view(rows, v // ARGMAX_BLOCK, ARGMAX_BLOCK)
-    bmax = xb.amax(-1)  # (R, V / block); a block holding a NaN has a NaN maximum
-    blk = bmax.argmax(-1, keepdim=True)  # (R, 1)
+    # (R, V / block) block maxima (a block holding a NaN has a NaN maximum), then each row's
+    # maximum and its first block holding it in one reduction (max's index is argmax's)
+    top, blk = xb.amax(-1).max(-1, keepdim=True)  # (R, 1) each
     inner = xb.gather(1, blk.unsqueeze(-1).expand(rows, 1, ARGMAX_BLOCK)).view(rows, -1)
     ids = (blk * ARGMAX_BLOCK + inner.argmax(-1, keepdim=True)).view(x.shape[:-1])
-    return ids, bmax.amax(-1).view(x.shape[:-1]) if want_max else None
+    return ids, top.view(x.shape[:-1]) if want_max else None
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams],

@@ -139,3 +139,25 @@ def test_plan_run_equals_plan_from_the_slots() -> None:
         for oa, ob in zip(_run(a, q, k, v), _run(b, q, k, v), strict=True):
             assert torch.equal(oa, ob)
         assert torch.equal(a.k_pool, b.k_pool) and torch.equal(a.v_pool, b.v_pool)
+
+
+def test_a_short_causal_mask_is_a_view_with_the_contiguous_masks_bits() -> None:
+    """A draft extend's few rows after a long prefix: the mask is a view of a wide buffer (no
+    op per forward), equal to the prefix zeros + causal block, and SDPA gives the same bits
+    from it as from that contiguous mask, also after the buffer widens."""
+    k0, v0 = _pools(700)
+    att = PagedAttention(k0, v0, H)
+    g = torch.Generator().manual_seed(7)
+    for lq, lk in ((3, 40), (3, 600), (5, 300), (16, 17)):
+        att.plan_run(0, lk, lq, None)
+        assert att.mask is not None and not att.is_causal
+        block = torch.zeros(lq, lq).masked_fill_(~torch.ones(lq, lq, dtype=torch.bool).tril(),
+                                                 float("-inf"))
+        want = torch.cat([torch.zeros(lq, lk - lq), block], 1).view(1, 1, lq, lk)
+        assert torch.equal(att.mask, want)
+        q = torch.randn(1, H, lq, HD, generator=g)
+        kk, vv = (torch.randn(1, HKV, lk, HD, generator=g) for _ in range(2))
+        assert torch.equal(F.scaled_dot_product_attention(q, kk, vv, attn_mask=att.mask,
+                                                          enable_gqa=True),
+                           F.scaled_dot_product_attention(q, kk, vv, attn_mask=want,
+                                                          enable_gqa=True))

@@ -13,6 +13,10 @@ import torch.nn.functional as F
 
 from workbench.attention.triton_backend import has_tree
 
+# causal masks of at most this many new rows (draft extends, short chunks) are views of one
+# buffer per row count (PagedAttention._wide_causal): no op per forward to build them
+WIDE_CAUSAL_ROWS = 16
+
 
 class PagedAttention:
     """Backend for one pool (target: L layers; draft: one layer).
@@ -43,6 +47,7 @@ class PagedAttention:
         self.run_k: torch.Tensor | None = None  # (L, T, Hkv, hd) views: the new tokens' slots
         self.run_v: torch.Tensor | None = None
         self._tril: dict[int, torch.Tensor] = {}  # additive causal (q, q) blocks by q
+        self._wide: dict[int, torch.Tensor] = {}  # _wide_causal's buffers by q
         # Reduced precision on the CPU: SDPA runs in float32. Its bf16 kernel rounds a masked
         # tree row differently from the same row decoded alone, and the speculative output
         # must equal the baseline's at every dtype (tests/speculative/test_bf16_lossless.py:
@@ -135,11 +140,27 @@ class PagedAttention:
         if tree_mask is None and lq == lk:
             self.mask, self.is_causal = None, True
             return
+        if tree_mask is None and lq <= WIDE_CAUSAL_ROWS:  # a draft extend's few rows: a view
+            self.mask = self._wide_causal(lq, lk)[..., -lk:]
+            return
         block = self._causal(lq) if tree_mask is None else \
             torch.where(tree_mask, 0.0, float("-inf"))
         if block.dtype != self.sdpa_dtype:
             block = block.to(self.sdpa_dtype)
         self.mask = torch.cat([block.new_zeros(lq, lk - lq), block], 1).view(1, 1, lq, lk)
+
+    def _wide_causal(self, q: int, lk: int) -> torch.Tensor:
+        """(1, 1, q, W ≥ lk) additive: zeros, then the causal (q, q) block in the last q columns;
+        its last lk columns are the mask of q new tokens after lk − q cached ones, a view (SDPA
+        gives the same bits as for the contiguous mask: tests/attention/test_paged_plan.py).
+        One per q ≤ WIDE_CAUSAL_ROWS, widened (doubling) as contexts grow."""
+        w = self._wide.get(q)
+        if w is None or w.shape[-1] < lk:
+            width = max(256, 1 << (lk - 1).bit_length())
+            w = torch.zeros(1, 1, q, width, dtype=self.sdpa_dtype, device=self.device)
+            w[0, 0, :, width - q :] = self._causal(q)
+            self._wide[q] = w
+        return w
 
     def _causal(self, q: int) -> torch.Tensor:
         """(q, q) additive causal block (0 on and below the diagonal, -inf above); cached for

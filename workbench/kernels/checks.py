@@ -26,27 +26,32 @@ def _need(cond: bool, message: str) -> None:
         raise ValueError(message)
 
 
+# The helpers below build their message only when the check fails: the engine runs them on
+# every step, right after forwards that left the caches cold, and formatting a shape, dtype or
+# device costs more than the comparison.
+
+
 def _need_tensor(name: str, x: object) -> torch.Tensor:
-    _need(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    assert isinstance(x, torch.Tensor)
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     return x
 
 
 def _need_dtype(name: str, x: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
-    allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-    got = str(x.dtype).removeprefix("torch.")
-    _need(x.dtype in dtypes, f"{name} must have dtype {allowed}, got {got}")
+    if x.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        got = str(x.dtype).removeprefix("torch.")
+        raise ValueError(f"{name} must have dtype {allowed}, got {got}")
 
 
 def _need_shape(name: str, x: torch.Tensor, shape: tuple[int, ...], symbols: str) -> None:
-    _need(
-        tuple(x.shape) == shape,
-        f"{name} must have shape {symbols} = {shape}, got {tuple(x.shape)}",
-    )
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {symbols} = {shape}, got {tuple(x.shape)}")
 
 
 def _need_device(name: str, x: torch.Tensor, device: torch.device, ref: str) -> None:
-    _need(x.device == device, f"{name} is on {x.device} but {ref} is on {device}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but {ref} is on {device}")
 
 
 class AttentionDims(NamedTuple):
@@ -157,8 +162,9 @@ def check_tree_args(
     """Check the (B, N) int64 tree tensors shared by the acceptance kernels. Returns (B, N)."""
     _need_tensor("candidates", candidates)
     _need_tensor("parents", parents)
-    _need(candidates.dim() == 2 and candidates.shape[1] >= 1,
-          f"candidates must be 2-D (B, N) with N >= 1, got shape {tuple(candidates.shape)}")
+    if not (candidates.dim() == 2 and candidates.shape[1] >= 1):
+        raise ValueError("candidates must be 2-D (B, N) with N >= 1, got shape "
+                         f"{tuple(candidates.shape)}")
     _need_dtype("candidates", candidates, (torch.int64,))
     batch, nodes = candidates.shape
     _need_shape("parents", parents, (batch, nodes), "(B, N)")
@@ -249,11 +255,13 @@ def check_compact_kv_args(
     for name, x in (("k_pool", k_pool), ("v_pool", v_pool), ("src_slots", src_slots),
                     ("dst_slots", dst_slots)):
         _need_tensor(name, x)
-    _need(k_pool.dim() == 4, f"k_pool must be 4-D (L, S, Hkv, hd), got shape {tuple(k_pool.shape)}")
+    if k_pool.dim() != 4:
+        raise ValueError(f"k_pool must be 4-D (L, S, Hkv, hd), got shape {tuple(k_pool.shape)}")
     _need_shape("v_pool", v_pool, tuple(k_pool.shape), "(L, S, Hkv, hd)")
-    _need(v_pool.dtype == k_pool.dtype,
-          f"v_pool dtype {v_pool.dtype} differs from k_pool dtype {k_pool.dtype}")
-    _need(src_slots.dim() == 1, f"src_slots must be 1-D (M,), got shape {tuple(src_slots.shape)}")
+    if v_pool.dtype != k_pool.dtype:
+        raise ValueError(f"v_pool dtype {v_pool.dtype} differs from k_pool dtype {k_pool.dtype}")
+    if src_slots.dim() != 1:
+        raise ValueError(f"src_slots must be 1-D (M,), got shape {tuple(src_slots.shape)}")
     _need_dtype("src_slots", src_slots, (torch.int64,))
     _need_shape("dst_slots", dst_slots, tuple(src_slots.shape), "(M,)")
     _need_dtype("dst_slots", dst_slots, (torch.int64,))
@@ -272,7 +280,7 @@ def check_compact_kv_values(src_slots: torch.Tensor, dst_slots: torch.Tensor, sl
     src, dst = host if host is not None else (src_slots.tolist(), dst_slots.tolist())
     for name, xs in (("src_slots", src), ("dst_slots", dst)):
         lo, hi = min(xs), max(xs)
-        _need(0 <= lo and hi < slots,
-              f"{name} must be slot ids in [0, S = {slots}), got range [{lo}, {hi}]")
+        if not (0 <= lo and hi < slots):
+            raise ValueError(f"{name} must be slot ids in [0, S = {slots}), got range [{lo}, {hi}]")
     _need(len(set(dst)) == len(dst),
           "dst_slots must be distinct (two copies into one slot have no defined winner)")
