@@ -123,10 +123,34 @@ def test_langchain_chat_and_completion_llm(shipped: ServerHandle) -> None:
     assert llm.invoke(prompt) == reference(shipped, prompt, N).text
 
 
-def test_litellm_chat_and_text_completion(shipped: ServerHandle) -> None:
+@pytest.fixture()
+def litellm_owned(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``litellm`` with what it would keep for the life of the process owned by the test and
+    closed after it: the HTTP connections (its clients are cached process-wide, so their
+    keep-alive sockets used to outlive the run: tests/leaks.py) and the event loop its service
+    logger asks ``asyncio.get_event_loop()`` for (a fresh thread's one is made and never closed).
+    """
+    import asyncio
+
+    import httpx
+
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"  # no price-list download at import
     import litellm
 
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    with httpx.Client() as session:
+        monkeypatch.setattr(litellm, "client_session", session)  # litellm's own setting
+        try:
+            yield litellm
+        finally:
+            litellm.in_memory_llm_clients_cache.flush_cache()  # clients over the closed session
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def test_litellm_chat_and_text_completion(shipped: ServerHandle, litellm_owned: Any) -> None:
+    litellm = litellm_owned
     kw = {"model": "openai/wb-target", "api_base": shipped.url + "/v1", "api_key": "unused",
           "temperature": 0, "max_tokens": N}
     r = litellm.completion(messages=MESSAGES, **kw)
