@@ -14,6 +14,7 @@ committed ``data/results`` (one repeat, no intervals).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -57,8 +58,10 @@ def execute(name: str, results: Path) -> str:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits the environment
     try:
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+        # on a loop of its own, closed after (.execute() would leave jupyter_core's loop open
+        # for the rest of the process: tests/leaks.py)
+        asyncio.run(NotebookClient(nb, timeout=300, kernel_name="python3", resources={
+            "metadata": {"path": str(REPO / "notebooks")}}).async_execute())
     finally:
         for k, v in old.items():
             if v is None:
