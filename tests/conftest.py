@@ -19,6 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 
 from helpers import write_tiny_corpus, write_trained_target  # noqa: E402
+from leaks import no_socket_outlives_the_run, pytest_runtest_setup  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")
