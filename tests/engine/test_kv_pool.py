@@ -155,3 +155,20 @@ def test_compact_takes_host_lists_and_checks_them() -> None:
         b.compact([99], [1])
     with pytest.raises(ValueError, match="one length"):
         b.compact([1, 2], [3])
+
+
+def test_keys_and_values_share_one_tensor_and_compact_together() -> None:
+    """Keys and values are the halves of one tensor (each contiguous): a CPU compaction moves
+    both in one gather and one scatter, exactly as the reference kernel moves each."""
+    from workbench.kernels import reference
+
+    p = pool(blocks=2, page=4, layers=3)
+    assert p.kv is not None and p.k.is_contiguous() and p.v.is_contiguous()
+    assert p.k.data_ptr() == p.kv.data_ptr() and p.v.data_ptr() == p.kv[1].data_ptr()
+    p.k.copy_(torch.randn(p.k.shape, generator=torch.Generator().manual_seed(0)))
+    p.v.copy_(torch.randn(p.v.shape, generator=torch.Generator().manual_seed(1)))
+    k, v = p.k.clone(), p.v.clone()
+    src, dst = [5, 2, 7], [2, 3, 4]
+    p.compact(src, dst)
+    reference.compact_kv(k, v, torch.tensor(src), torch.tensor(dst))
+    assert torch.equal(p.k, k) and torch.equal(p.v, v)

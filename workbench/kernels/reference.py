@@ -176,7 +176,7 @@ def greedy_accept_host(
         flat.append(n)
         flat.append(t)
     out = torch.frombuffer(flat, dtype=torch.int64).view(batch, nodes + 2) if flat \
-        else torch.empty(batch, nodes + 2, dtype=torch.int64)
+        else torch.empty(batch, nodes + 2, dtype=torch.int64, device="cpu")
     if out.device != candidates.device:
         out = out.to(candidates.device)
     return ((out[:, :nodes], out[:, nodes], out[:, nodes + 1]),
