@@ -1,6 +1,7 @@
 """The no-leak guard (tests/leaks.py) on small suites of its own, each run in a fresh pytest
 process with only the guard loaded: a run that leaves a socket open, or leaves one for the
-garbage collector to close, fails and names the test that made it and where; a tidy run passes."""
+garbage collector to close, fails and names the test that made it and where; a tidy run passes;
+with the project's pytest settings a socket dropped unclosed fails the test that dropped it."""
 
 from __future__ import annotations
 
@@ -76,12 +77,31 @@ def test_an_event_loop_closed():
 '''
 
 
-def run_suite(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
+DROPS_ONE = '''
+import socket
+
+
+def test_drops_one():
+    s = socket.socket()
+    del s  # unclosed: its finalizer warns
+
+
+def test_a_file_is_not_a_socket():
+    f = open(__file__)
+    del f  # a ResourceWarning too, left to Python's default
+
+
+def test_after():
+    pass
+'''
+
+
+def run_suite(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_suite.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "leaks", "-p", "no:cacheprovider",
-         "--rootdir", str(tmp_path), "test_suite.py"],
+         "--rootdir", str(tmp_path), *args, "test_suite.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -103,3 +123,13 @@ def test_a_tidy_run_passes(tmp_path: Path) -> None:
     r = run_suite(tmp_path, TIDY)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 passed" in r.stdout, r.stdout
+
+
+def test_the_project_settings_fail_the_test_that_drops_a_socket_unclosed(tmp_path: Path) -> None:
+    """pyproject's filterwarnings: the socket's ResourceWarning, raised in its finalizer, fails
+    the test during which it was dropped; the run goes on."""
+    r = run_suite(tmp_path, DROPS_ONE, "-c", str(TESTS.parent / "pyproject.toml"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "FAILED test_suite.py::test_drops_one" in out, out
+    assert "2 passed" in out and "1 failed" in out, out
