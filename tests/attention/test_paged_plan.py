@@ -31,7 +31,12 @@ def test_slots_fast_path_matches_the_block_table() -> None:
         pos = torch.arange(start, end)
         table = torch.tensor(blocks, dtype=torch.int64)
         assert pool.slots(blocks, start, end).tolist() == (table[pos // 4] * 4 + pos % 4).tolist()
-        assert pool.slot_list(blocks, start, end) == pool.slots(blocks, start, end).tolist()
+        want = pool.slots(blocks, start, end).tolist()
+        assert pool.slot_list(blocks, start, end) == want
+        # KVPool.run: the first slot exactly when the slots are one ascending run
+        one_run = bool(want) and want == list(range(want[0], want[0] + len(want)))
+        assert pool.run(blocks, start, end) == (want[0] if one_run else None)
+    assert pool.run([3, 4], 0, 9) is None  # beyond the request's blocks
 
 
 def _run(att: PagedAttention, q: torch.Tensor, k: torch.Tensor,
@@ -103,19 +108,6 @@ def test_ragged_batch_rows_match_each_request_alone() -> None:
     alone_b.plan(b_slots[4:], [1], [b_slots])
     torch.testing.assert_close(out[:3], alone_a.run(0, q[:3], k[:3], v[:3]), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out[3:], alone_b.run(0, q[3:], k[3:], v[3:]), rtol=1e-6, atol=1e-6)
-
-
-def test_kv_pool_run_is_the_slots_first_when_they_are_one_run() -> None:
-    pool = KVPool(32, 4, 1, 1, 2, torch.float32, "cpu")
-    rng = random.Random(5)
-    for _ in range(300):
-        n = rng.randint(1, 8)
-        blocks = rng.sample(range(32), n) if rng.random() < 0.5 else list(range(7, 7 + n))
-        start = rng.randint(0, 4 * n)
-        end = rng.randint(start, 4 * n)
-        want = pool.slots(blocks, start, end).tolist()
-        one_run = bool(want) and want == list(range(want[0], want[0] + len(want)))
-        assert pool.run(blocks, start, end) == (want[0] if one_run else None)
 
 
 def test_plan_run_equals_plan_from_the_slots() -> None:
