@@ -31,8 +31,8 @@ class KVPool:
         if v_dim is not None and not 0 < v_dim <= head_dim:
             raise ValueError(f"KVPool.v_dim: {v_dim} not in (0, head_dim={head_dim}]")
         self.v_shares_k = v_dim is not None
-        # keys and values as the two halves of one tensor (each contiguous): a compaction on
-        # the CPU moves both in one gather and one scatter
+        # keys and values as the two halves of one tensor (each contiguous): the CPU
+        # compaction (kernels.reference.compact_kv) moves both in one gather and one scatter
         self.kv: torch.Tensor | None = None
         if v_dim is None:
             self.kv = torch.zeros(2, layers, slots, kv_heads, head_dim, dtype=dtype,
@@ -125,8 +125,7 @@ class KVPool:
         """Move accepted-path KV into place in every target layer: pool[:, dst] = pool[:, src].
         Host lists (the engine's commit) become one index buffer, and the kernel's value check
         reads the lists rather than the tensors."""
-        from workbench.kernels import backend_for, compact_kv
-        from workbench.kernels.checks import check_compact_kv_args, check_compact_kv_values
+        from workbench.kernels import compact_kv
 
         host = None
         if isinstance(src, list) or isinstance(dst, list):
@@ -141,11 +140,5 @@ class KVPool:
             src, dst = src.to(self.k.device), dst.to(self.k.device)
         if self.v_shares_k:  # one pool: gather (a copy), then scatter
             self.k.index_copy_(1, dst, self.k.index_select(1, src))
-            return
-        if self.kv is not None and backend_for(self.k.device) == "reference":
-            # the reference's contract (checks.py), keys and values in one gather + scatter
-            check_compact_kv_args(self.k, self.v, src, dst)
-            check_compact_kv_values(src, dst, self.k.shape[1], host)
-            self.kv.index_copy_(2, dst, self.kv.index_select(2, src))
             return
         compact_kv(self.k, self.v, src, dst, host)

@@ -277,7 +277,21 @@ def compact_kv(
     """
     _, slots, _ = check_compact_kv_args(k_pool, v_pool, src_slots, dst_slots)
     check_compact_kv_values(src_slots, dst_slots, slots, host)
-    for pool in (k_pool, v_pool):
+    both = _halves(k_pool, v_pool)
+    for pool in (k_pool, v_pool) if both is None else (both,):
         # gather (a copy), then scatter; index_select/index_copy_ rather than pool[:, dst] =
         # pool[:, src]: the same copies at 6 vs 150 µs for a few rows of an 18-layer pool
-        pool.index_copy_(1, dst_slots, pool.index_select(1, src_slots))
+        slot_dim = pool.dim() - 3  # (L, S, Hkv, hd), or (2, L, S, Hkv, hd) for both
+        pool.index_copy_(slot_dim, dst_slots, pool.index_select(slot_dim, src_slots))
+
+
+def _halves(k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor | None:
+    """(2, L, S, Hkv, hd): the one tensor whose [0] and [1] are ``k_pool`` and ``v_pool`` (a
+    pool allocating them together: KVPool), so one gather and one scatter move both; else
+    None."""
+    if not (k_pool.is_contiguous() and v_pool.is_contiguous()
+            and v_pool.untyped_storage().data_ptr() == k_pool.untyped_storage().data_ptr()
+            and v_pool.storage_offset() == k_pool.storage_offset() + k_pool.numel()):
+        return None
+    return k_pool.as_strided((2, *k_pool.shape), (k_pool.numel(), *k_pool.stride()),
+                             k_pool.storage_offset())
