@@ -11,9 +11,10 @@ So the engine measures what it can see and adapts what it can change:
   hypervisor's steal share, the 1-min load average, and the engine's own step-time drift
   against its calibration. :attr:`Conditions.contended` says whether a measurement taken then
   is only provisional (``engine/autotune.py`` never caches one as final);
-* :func:`time_threads` — the thread counts timed in turns on the engine's own prepared GEMMs
-  (a decode M=1 and a verify M=16 pass over the real weights), the median of each: under
-  contention the typical step is what a user gets, so medians, not least times, decide here;
+* :func:`time_threads` (``engine/thread_timing.py``) — the thread counts timed in turns on the
+  engine's own prepared GEMMs (a decode M=1 and a verify M=16 pass over the real weights), the
+  median of each: under contention the typical step is what a user gets, so medians, not least
+  times, decide here; a count that has clearly lost takes no more turns;
 * :class:`ContentionMonitor` — watches the engine's step times (per mode, batch bucket, tree
   shape and context bucket, against the best window it has seen) and the machine between
   steps; when the machine turns busy (or quiet again), or the steps drift where the machine's
@@ -44,6 +45,14 @@ import torch
 
 from workbench.engine import affinity
 
+# the timing itself (thread_timing.py); gemm_pass is named here for autotune and the engine
+from workbench.engine.thread_timing import (
+    gemm_pass,  # noqa: F401
+    pick_threads,
+    thread_candidates,
+    time_threads,
+)
+
 # others' CPU use (in cores) at or above which a window counts as contended: a third of a core
 # is what a background build or a notebook kernel costs; below it timings hold to ~10 %
 OTHERS_CORES = 0.35
@@ -56,7 +65,6 @@ WINDOW = 8  # steps per window of the step-time monitor
 CHECK_S = 0.5
 BACKOFF_S = (0.5, 60.0)  # first and longest wait after a measurement confirmed the choice
 SPIKE = 3.0  # one step this many times its calibration asks the machine at once (no window)
-THREADS_BUDGET_S = 0.3  # one thread-count measurement (turns of decode and verify passes)
 LOOK_S = 0.15  # the init stage's look at the machine (a window of 15 ticks at 100 Hz)
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # torch's thread count when this module loaded (OMP_NUM_THREADS or all cores): what "all
@@ -194,98 +202,6 @@ def omp_wait_policy() -> str:
     ``OMP_WAIT_POLICY``, or libgomp's default (spin a while, then sleep)."""
     raw = os.environ.get("OMP_WAIT_POLICY", "")
     return raw.lower() if raw else "default"
-
-
-def gemm_pass(target: Any, m: int) -> Callable[[], None]:
-    """One pass over every GEMM of the target at ``m`` rows, with its prepared inference
-    weights as they stand (no copy, no KV touched: safe while requests run)."""
-    from workbench.models.gemm import gemm_ops
-    from workbench.models.moe_model import MoeForCausalLM
-
-    if isinstance(target, MoeForCausalLM):  # routed experts: no fixed GEMM list to replay
-        return target.gemm_pass(m)
-    if target._fast is None:
-        target.fuse(target.gemm)
-    lin, lin_add = gemm_ops(target.gemm)
-    d = target.config.hidden_size
-    layers = list(target._fast)
-    head = target._head
-    gen = torch.Generator().manual_seed(0)
-    dt = target.lm_head.weight.dtype  # the model's (bf16 GEMMs take bf16 activations)
-    x = torch.randn(m, d, generator=gen).to(dt)
-    xi = torch.randn(m, target.config.intermediate_size, generator=gen).to(dt)
-    xa = torch.randn(m, layers[0].h * layers[0].hd, generator=gen).to(dt)
-
-    def run() -> None:
-        with torch.inference_mode():
-            for f in layers:
-                lin(x, f.qkv, f.qkv_bias)
-                lin_add(xa, f.o, x)
-                lin(x, f.gate_up, f.gate_up_bias)
-                if f.down_bias is None:
-                    lin_add(xi, f.down, x)
-                else:
-                    lin(xi, f.down, f.down_bias)
-            lin(x, head, None)
-
-    return run
-
-
-def time_threads(passes: Mapping[str, Callable[[], None]], candidates: Sequence[int],
-                 budget_s: float = THREADS_BUDGET_S, min_rounds: int = 3,
-                 max_rounds: int = 40,
-                 pin: Callable[[int], object] | None = None) -> dict[int, dict[str, float]]:
-    """Median ms of each pass at each thread count, the counts taking turns (a busy stretch
-    hits every count alike); the thread count in force is restored afterwards. ``pin(n)``,
-    when given, places the threads for count ``n`` (``affinity.pin``) each time it takes its
-    turn, and ``pin(before)`` at the end."""
-    before = torch.get_num_threads()
-
-    def use(n: int) -> None:
-        torch.set_num_threads(n)
-        if pin is not None:
-            pin(n)
-
-    times: dict[int, dict[str, list[float]]] = {n: {k: [] for k in passes} for n in candidates}
-    try:
-        for n in candidates:  # warm-up: a thread count's first region spawns its threads
-            use(n)
-            for fn in passes.values():
-                fn()
-        t_end = time.perf_counter() + budget_s
-        rounds = 0
-        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() < t_end):
-            for n in candidates:
-                use(n)
-                for k, fn in passes.items():
-                    t0 = time.perf_counter()
-                    fn()
-                    times[n][k].append(1e3 * (time.perf_counter() - t0))
-            rounds += 1
-    finally:
-        use(before)
-    return {n: {k: statistics.median(v) for k, v in ts.items()} for n, ts in times.items()}
-
-
-def thread_candidates(default: int, cond: Conditions | None = None) -> tuple[int, ...]:
-    """The thread counts worth timing: all of this process's cores (``default``), one, and —
-    with other processes busy — the cores they leave free."""
-    out = {max(1, default), 1}
-    if cond is not None and cond.others is not None and default > 2:
-        out.add(max(1, default - math.ceil(cond.others)))
-    return tuple(sorted(out, reverse=True))
-
-
-def pick_threads(timings: Mapping[int, Mapping[str, float]], default: int,
-                 margin: float = 0.05) -> int:
-    """The count with the least summed pass time; ``default`` unless beaten by ``margin``."""
-    def cost(n: int) -> float:
-        return sum(timings[n].values())
-
-    best = min(timings, key=cost)
-    if default in timings and cost(default) <= cost(best) * (1 + margin):
-        return default
-    return best
 
 
 @dataclass

@@ -1,0 +1,100 @@
+"""engine/thread_timing.py: thread counts timed in turns, and a count that has lost takes no
+more turns (a monitor's re-timing stalls the request being served)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from workbench.engine import contention, thread_timing
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def sleeper(ms: dict[int, float], seen: list[int]) -> Callable[[], None]:
+    """A pass that takes ``ms[n]`` at ``n`` threads and notes each call's thread count."""
+    def fn() -> None:
+        n = torch.get_num_threads()
+        seen.append(n)
+        time.sleep(ms[n] / 1e3)
+    return fn
+
+
+def test_the_monitor_and_the_init_stage_time_with_this_module() -> None:
+    assert contention.time_threads is thread_timing.time_threads
+    assert contention.gemm_pass is thread_timing.gemm_pass
+
+
+def test_a_count_that_lost_at_its_warm_up_takes_no_turns(threads: None) -> None:
+    """A neighbour on a core: two threads ~100 ms a pass, one ~5 ms. After the warm-ups one
+    count is left, so nothing more is timed; the loser's figure is its warm-up."""
+    seen: list[int] = []
+    torch.set_num_threads(1)
+    out = thread_timing.time_threads({"p": sleeper({2: 100.0, 1: 5.0}, seen)}, (2, 1),
+                                     budget_s=0.0, min_rounds=3)
+    assert seen == [2, 1]
+    assert out[2]["p"] >= 100.0 and 5.0 <= out[1]["p"] < 100.0
+    assert thread_timing.pick_threads(out, 2) == 1
+    assert torch.get_num_threads() == 1
+
+
+def test_the_counts_still_in_the_running_keep_taking_turns(threads: None) -> None:
+    seen: list[int] = []
+    out = thread_timing.time_threads({"p": sleeper({4: 60.0, 2: 6.0, 1: 5.0}, seen)},
+                                     (4, 2, 1), budget_s=0.0, min_rounds=3)
+    assert seen == [4, 2, 1] + [2, 1] * 3  # 4 lost at the warm-up; 2 and 1 are close
+    assert set(out) == {4, 2, 1} and out[4]["p"] >= 60.0
+
+
+def test_a_loser_by_less_than_the_margin_is_timed_to_the_end(threads: None) -> None:
+    """2.5x slower is not out of the running: one burst in a turn can cost that much."""
+    seen: list[int] = []
+    thread_timing.time_threads({"p": sleeper({2: 12.5, 1: 5.0}, seen)}, (2, 1),
+                               budget_s=0.0, min_rounds=3)
+    assert seen == [2, 1] * 4
+
+
+def test_a_slow_turn_of_the_winner_keeps_the_other_count_in(threads: None) -> None:
+    """The fastest turn of a count is weighed against the slowest of another: a burst in the
+    eventual winner's warm-up (here 40 ms against its 2 ms) keeps the other count timed."""
+    seen: list[int] = []
+    calls = {1: 0}
+
+    def fn() -> None:
+        n = torch.get_num_threads()
+        seen.append(n)
+        if n == 1:
+            calls[1] += 1
+        time.sleep((40.0 if n == 1 and calls[1] == 1 else 2.0 if n == 1 else 30.0) / 1e3)
+
+    out = thread_timing.time_threads({"p": fn}, (2, 1), budget_s=0.0, min_rounds=3)
+    assert seen == [2, 1] * 4
+    assert out[1]["p"] < out[2]["p"]  # the medians of the timed turns, not the warm-up
+
+
+def test_microsecond_passes_never_drop_a_count(threads: None) -> None:
+    """Below a millisecond the ratio is noise: every count takes every turn."""
+    seen: list[int] = []
+    thread_timing.time_threads({"p": sleeper({2: 0.0, 1: 0.0}, seen)}, (2, 1),
+                               budget_s=0.0, min_rounds=3)
+    assert seen == [2, 1] * 4
+
+
+def test_the_thread_count_is_restored_when_a_pass_fails(threads: None) -> None:
+    torch.set_num_threads(1)
+
+    def boom() -> None:
+        if torch.get_num_threads() == 2:
+            raise RuntimeError("pass failed")
+
+    with pytest.raises(RuntimeError, match="pass failed"):
+        thread_timing.time_threads({"p": boom}, (2, 1), budget_s=0.0)
+    assert torch.get_num_threads() == 1
