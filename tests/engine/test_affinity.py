@@ -134,3 +134,55 @@ def test_monitor_moves_off_a_core_a_neighbour_took(
     finally:
         affinity.pin(2, None)
         torch.set_num_threads(before)
+
+
+def test_quiet_from_orders_the_cores_by_the_window_it_is_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Others' use of each CPU is its busy time less our own, spread over the CPUs our threads
+    could run on; a close call between a busy pair, or a window too short, is no answer."""
+    monkeypatch.setattr(affinity, "HOME", frozenset({0, 1}))
+    zero = {0: 0.0, 1: 0.0}
+    # our two threads used 1 s over both CPUs; CPU 1 was busy a further 0.5 s: a neighbour
+    assert affinity.quiet_from(zero, {0: 0.5, 1: 1.0}, 1.0, 1.0, None, 0.35) == [0, 1]
+    assert affinity.quiet_from(zero, {0: 1.0, 1: 0.5}, 1.0, 1.0, None, 0.35) == [1, 0]
+    # pinned to CPU 1: all our time is there, so CPU 0's busy time is someone else's
+    assert affinity.quiet_from(zero, {0: 0.9, 1: 1.0}, 1.0, 1.0, [1], 0.35) == [1, 0]
+    # both quiet: any order will do (ties by number)
+    assert affinity.quiet_from(zero, {0: 0.55, 1: 0.5}, 1.0, 1.0, None, 0.35) == [1, 0]
+    # 0.3 and 0.5 cores: too close to tell from an even-share estimate
+    assert affinity.quiet_from(zero, {0: 0.8, 1: 1.0}, 1.0, 1.0, None, 0.35) is None
+    assert affinity.quiet_from(zero, {0: 0.0, 1: 0.09}, 0.09, 0.0, None, 0.35) is None  # short
+    assert affinity.quiet_from(zero, {0: 0.5}, 1.0, 0.0, None, 0.35) is None  # a CPU unread
+    assert affinity.quiet_from(None, zero, 1.0, 0.0, None, 0.35) is None
+
+
+def test_monitor_places_threads_from_its_own_look_without_sleeping(
+        spinner: int, machine_conditions: dict[str, float],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The look that found the neighbour already says which core it is on: no second look
+    (``quiet_cpus`` sleeps inside the engine's time) before the threads are placed."""
+    def no_look(window_s: float = affinity.LOOK_S) -> list[int] | None:
+        raise AssertionError("the monitor took a second look")
+
+    monkeypatch.setattr(affinity, "quiet_cpus", no_look)
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = ContentionMonitor(2, lambda: {"p": lambda: None})
+        machine_conditions["others"] = 1.0
+        m._sample = start = contention.cpu_sample()
+        time.sleep(0.3)  # the spinner spins; we rest
+        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
+        end = contention.cpu_sample()
+        assert start is not None and end is not None and start.cpus and end.cpus
+        if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > 0.2:
+            pytest.skip("another process runs on the free core: the window cannot tell")
+        m._sample = start
+        a = m.check()
+        assert a is not None and (a.after, a.cpus, m.cpus) == (1, free, free)
+        assert affinity.current() == free
+    finally:
+        affinity.pin(2, None)
+        torch.set_num_threads(before)

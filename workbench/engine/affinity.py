@@ -6,7 +6,8 @@ keeps migrating onto the busy core (measured, 2-core EPYC family 26, idle otherw
 bs=1 108 tok/s beside the competitor vs 183 alone at one thread; pinned to the other core,
 181). So when the contention monitor (or the init stage) settles on ``n`` threads under
 contention, every thread of the process is pinned to the ``n`` home cores other processes used
-least over a short look (:func:`quiet_cpus`, taken while this engine is between steps); with all
+least over a short look (:func:`quiet_cpus`, taken while this engine is between steps, or
+:func:`quiet_from` over the window the monitor already watched, when that can tell); with all
 cores again, or a quiet machine, the home set comes back. Affinity never changes results (which
 core runs a thread, not what it computes).
 
@@ -16,6 +17,7 @@ no-op that says so by returning None.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -68,6 +70,32 @@ def quiet_cpus(window_s: float = LOOK_S) -> list[int] | None:
     if a is None or b is None or not HOME <= a.keys() or not HOME <= b.keys():
         return None
     return sorted(HOME, key=lambda c: (b[c] - a[c], c))
+
+
+def quiet_from(a: Mapping[int, float] | None, b: Mapping[int, float] | None, wall: float,
+               own_s: float, ours: Sequence[int] | None, margin: float) -> list[int] | None:
+    """:func:`quiet_cpus`'s order from a window the caller already has, with no look of its
+    own (the look sleeps ``LOOK_S`` inside the engine's time). ``a``/``b``: each CPU's busy
+    seconds at the window's ends; ``own_s``: this process's CPU seconds in it, taken as spread
+    evenly over ``ours`` (the CPUs its threads could run on; None: all home CPUs). Others' use
+    of each CPU is its busy time less that share. None — take the look — where the window
+    cannot tell: under 10 ticks, a CPU unread, or two CPUs in the order within ``margin``
+    cores of each other while not both quiet (under ``margin``): our threads are not exactly
+    even, so a close call is the estimate's noise."""
+    if HOME is None or a is None or b is None or wall < 0.1:
+        return None
+    if not HOME <= a.keys() or not HOME <= b.keys():
+        return None
+    mine = HOME if ours is None else HOME & set(ours)
+    if not mine:
+        return None
+    share = own_s / len(mine)
+    use = {c: max(0.0, (b[c] - a[c] - (share if c in mine else 0.0)) / wall) for c in HOME}
+    order = sorted(HOME, key=lambda c: (use[c], c))
+    for x, y in itertools.pairwise(order):
+        if use[y] - use[x] < margin and use[y] >= margin:
+            return None
+    return order
 
 
 def pin(n: int, order: Sequence[int] | None) -> list[int] | None:

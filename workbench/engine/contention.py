@@ -252,6 +252,7 @@ class ContentionMonitor:
         self._last_cond: Conditions | None = None  # what the last measurement saw
         self._resolved_at = -math.inf  # an unresolved look waits for its window until then
         self._steal_seen = False  # the last look found steal alone over its share
+        self._window: tuple[CpuSample | None, CpuSample | None] = (None, None)  # the last look's
 
     @staticmethod
     def key(mode: str, batch: int, shape: Sequence[int] | None = None,
@@ -297,6 +298,7 @@ class ContentionMonitor:
         now = time.perf_counter() if now is None else now
         self._last_check = now
         prev, sample = self._sample, cpu_sample()
+        self._window = (prev, sample)
         cond = between(prev, sample, self.drift)
         if cond.others is None and prev is not None and sample is not None:
             # a window too short for /proc/stat's ticks (a drift asks early): ask again once
@@ -374,7 +376,7 @@ class ContentionMonitor:
         known = None
         timings: dict[int, dict[str, float]] = {}
         # under contention fewer threads run on the cores the others leave free (affinity.py)
-        order = affinity.quiet_cpus() if cond.contended else None
+        order = (self._order() or affinity.quiet_cpus()) if cond.contended else None
         if not cond.contended:  # all cores, untimed, as the init stage gives a quiet machine
             reason += "; all cores, as on a quiet start"  # (a re-timing stalls ~0.3 s)
         elif (known := self._recall(cond, cands)) is not None:  # a job that comes and goes
@@ -397,6 +399,15 @@ class ContentionMonitor:
         if self.on_change is not None:
             self.on_change(a)
         return a
+
+    def _order(self) -> list[int] | None:
+        """The home CPUs, least used by others first, over the look that found the machine
+        busy (``affinity.quiet_from``); None where that window cannot tell."""
+        a, b = self._window
+        if a is None or b is None:
+            return None
+        return affinity.quiet_from(a.cpus, b.cpus, b.wall - a.wall, b.own - a.own, self.cpus,
+                                   OTHERS_CORES)
 
     def _recall(self, cond: Conditions, cands: tuple[int, ...]) -> Adaptation | None:
         """The latest timed adaptation of the last RECALL_S s on a machine like ``cond`` (same
