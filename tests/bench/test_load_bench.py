@@ -15,6 +15,7 @@ import pytest
 import workbench as wb
 from workbench.__main__ import main
 from workbench.bench import load
+from workbench.engine import affinity
 from workbench.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(
@@ -35,6 +36,23 @@ def test_competitor_is_pinned_and_stopped() -> None:
     assert proc is not None and proc.poll() is not None  # stopped when the block raised
     with pytest.raises(ConfigError, match="core 4096 is not one of"):
         load.Competitor(core=4096)
+
+
+def test_competitor_takes_the_cores_the_process_started_with() -> None:
+    """An engine that started on a busy machine pins its threads to fewer cores (seen: the
+    init stage chose one thread under host steal, and `bench load` refused to start with "this
+    process may use 1 core(s)"). The competitor still has the process's starting cores."""
+    home = affinity.HOME
+    assert home is not None
+    affinity.pin(1, [min(home)])
+    try:
+        assert len(os.sched_getaffinity(0)) == 1
+        with load.Competitor() as c:
+            assert c.core == max(home) and c.proc is not None
+            assert os.sched_getaffinity(c.proc.pid) == {max(home)}
+    finally:
+        affinity.pin(len(home), None)
+    assert os.sched_getaffinity(0) == set(home)
 
 
 def _rows(alone: tuple[float, float], busy: tuple[float, float]) -> pd.DataFrame:

@@ -21,7 +21,6 @@ run without that.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import pandas as pd
 
 from workbench.bench.spec import timed_arms
 from workbench.config import SamplingParams, SpecConfig
-from workbench.engine import contention
+from workbench.engine import affinity, contention
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,10 +45,12 @@ _SPIN = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True
 
 class Competitor:
     """One CPU-bound process pinned to ``core`` (default: the last core this process may
-    use), for the duration of a ``with`` block; stopped even when the block raises."""
+    use), for the duration of a ``with`` block; stopped even when the block raises. The
+    cores are the process's as it started (``affinity.HOME``), not its mask now: an engine
+    that started on a busy machine may have pinned its threads to fewer."""
 
     def __init__(self, core: int | None = None) -> None:
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        cpus = sorted(affinity.HOME) if affinity.HOME is not None else []
         if len(cpus) < 2:
             have = len(cpus) or "an unknown number of"
             raise ConfigError(f"bench load: needs at least 2 cores to pin a competitor beside "
