@@ -105,14 +105,30 @@ def test_monitor_pins_fewer_threads_to_the_free_core_and_unpins_when_quiet(
         torch.set_num_threads(before)
 
 
+def one_thread_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monitor's timing, faked: one thread beats two."""
+    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
+                        pin=None: {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+
+
+def free_core(spinner: int, start: contention.CpuSample | None, busy: float) -> list[int]:
+    """The home CPU the spinner leaves free, as a one-CPU list; the test skips when another
+    process used more than ``busy`` of it since ``start`` (the window cannot stage the case)."""
+    free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
+    end = contention.cpu_sample()
+    assert start is not None and end is not None and start.cpus and end.cpus
+    if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > busy:
+        pytest.skip("another process runs on the free core: the window cannot stage the case")
+    return free
+
+
 def test_monitor_moves_off_a_core_a_neighbour_took(
         spinner: int, machine_conditions: dict[str, float],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """One thread pinned where a neighbour now spins while the other core is free (the
     neighbour moved in after the pin): the next look re-places the thread on the free core —
     at one thread there is nothing to re-time, only where to run."""
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
-                        pin=None: {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    one_thread_wins(monkeypatch)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -123,11 +139,7 @@ def test_monitor_moves_off_a_core_a_neighbour_took(
         t_end = time.perf_counter() + 0.4
         while time.perf_counter() < t_end:  # our own work, on the neighbour's core
             pass
-        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
-        end = contention.cpu_sample()
-        assert start is not None and end is not None and start.cpus and end.cpus
-        if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > 0.5:
-            pytest.skip("another process runs on the free core: no stale pin to stage")
+        free = free_core(spinner, start, 0.5)
         a = m.check()
         assert a is not None and "others on our core" in a.reason
         assert (a.after, m.cpus) == (1, free) and affinity.current() == free
@@ -165,8 +177,7 @@ def test_monitor_places_threads_from_its_own_look_without_sleeping(
         raise AssertionError("the monitor took a second look")
 
     monkeypatch.setattr(affinity, "quiet_cpus", no_look)
-    monkeypatch.setattr(contention, "time_threads", lambda passes, cands, budget_s=0.0,
-                        pin=None: {n: {"p": 1.0 if n == 1 else 9.0} for n in cands})
+    one_thread_wins(monkeypatch)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -174,11 +185,7 @@ def test_monitor_places_threads_from_its_own_look_without_sleeping(
         machine_conditions["others"] = 1.0
         m._sample = start = contention.cpu_sample()
         time.sleep(0.3)  # the spinner spins; we rest
-        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
-        end = contention.cpu_sample()
-        assert start is not None and end is not None and start.cpus and end.cpus
-        if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > 0.2:
-            pytest.skip("another process runs on the free core: the window cannot tell")
+        free = free_core(spinner, start, 0.2)
         m._sample = start
         a = m.check()
         assert a is not None and (a.after, a.cpus, m.cpus) == (1, free, free)
