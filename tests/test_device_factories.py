@@ -82,6 +82,8 @@ OFF_STEP_PATH: dict[str, str] = {
     "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
                             "times host GEMMs on CPU weights between steps",
     "engine/policy_init.py": "init stage / set_spec: calibrates through the engine's own steps",
+    "engine/thread_timing.py": "CPU engines only (the monitor and the init stage): times host "
+                               "GEMMs on CPU weights between steps",
     "models/__init__.py": "re-exports",
     "models/config.py": "config parsing",
     "models/loader.py": "init: builds modules on the meta device, then loads weights",
