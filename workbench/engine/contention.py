@@ -252,7 +252,6 @@ class ContentionMonitor:
         self._last_cond: Conditions | None = None  # what the last measurement saw
         self._resolved_at = -math.inf  # an unresolved look waits for its window until then
         self._steal_seen = False  # the last look found steal alone over its share
-        self._window: tuple[CpuSample | None, CpuSample | None] = (None, None)  # the last look's
 
     @staticmethod
     def key(mode: str, batch: int, shape: Sequence[int] | None = None,
@@ -298,7 +297,6 @@ class ContentionMonitor:
         now = time.perf_counter() if now is None else now
         self._last_check = now
         prev, sample = self._sample, cpu_sample()
-        self._window = (prev, sample)
         cond = between(prev, sample, self.drift)
         if cond.others is None and prev is not None and sample is not None:
             # a window too short for /proc/stat's ticks (a drift asks early): ask again once
@@ -340,7 +338,7 @@ class ContentionMonitor:
         why = "; ".join(cond.reasons()) or "quiet again"
         if stale_pin:
             why += f"; others on our core(s) {self.cpus} while another is free"
-        a = self.adapt(cond, why)
+        a = self.adapt(cond, why, (prev, sample))
         self._last_adapt = time.perf_counter()
         self._last_cond = cond
         if a.after == a.before:  # confirmed: wait longer before measuring the same again
@@ -367,8 +365,10 @@ class ContentionMonitor:
                 self.calibration[k] = statistics.median(w)
         self.drift = None
 
-    def adapt(self, cond: Conditions, reason: str) -> Adaptation:
-        """Time the candidate thread counts now and apply the fastest."""
+    def adapt(self, cond: Conditions, reason: str,
+              window: tuple[CpuSample | None, CpuSample | None] = (None, None)) -> Adaptation:
+        """Time the candidate thread counts now and apply the fastest; ``window``, the look
+        that found ``cond``, places the threads where it can tell (else a look of its own)."""
         if self._passes is None:
             self._passes = self._make_passes()
         before, pinned_before = torch.get_num_threads(), self.cpus
@@ -376,7 +376,7 @@ class ContentionMonitor:
         known = None
         timings: dict[int, dict[str, float]] = {}
         # under contention fewer threads run on the cores the others leave free (affinity.py)
-        order = (self._order() or affinity.quiet_cpus()) if cond.contended else None
+        order = (self._order(*window) or affinity.quiet_cpus()) if cond.contended else None
         if not cond.contended:  # all cores, untimed, as the init stage gives a quiet machine
             reason += "; all cores, as on a quiet start"  # (a re-timing stalls ~0.3 s)
         elif (known := self._recall(cond, cands)) is not None:  # a job that comes and goes
@@ -400,10 +400,9 @@ class ContentionMonitor:
             self.on_change(a)
         return a
 
-    def _order(self) -> list[int] | None:
-        """The home CPUs, least used by others first, over the look that found the machine
-        busy (``affinity.quiet_from``); None where that window cannot tell."""
-        a, b = self._window
+    def _order(self, a: CpuSample | None, b: CpuSample | None) -> list[int] | None:
+        """The home CPUs, least used by others first, over the look ``a`` → ``b`` that found
+        the machine busy (``affinity.quiet_from``); None where that window cannot tell."""
         if a is None or b is None:
             return None
         return affinity.quiet_from(a.cpus, b.cpus, b.wall - a.wall, b.own - a.own, self.cpus,
