@@ -109,8 +109,24 @@ class LimitsGuard:
     def __init__(self, app: Any, limits: ServeLimits) -> None:
         self.app = app
         self.limits = limits
-        self.key = None if limits.api_key is None else f"Bearer {limits.api_key}".encode()
+        self.key = None if limits.api_key is None else limits.api_key.encode()
         self.in_progress = 0
+
+    def check_key(self, values: list[bytes]) -> HTTPError | None:
+        """None when ``values`` (every ``Authorization`` header of the request) is exactly one
+        ``Bearer <key>`` with the server's key. The scheme is matched case-insensitively (RFC
+        7235 §2.1), one or more spaces before the credentials, the key exactly (RFC 6750 §2.1);
+        several headers are ambiguous credentials → 400 (RFC 6750 §3.1 ``invalid_request``);
+        a missing, other-scheme or wrong key → 401."""
+        assert self.key is not None
+        if len(values) > 1:
+            return HTTPError(f"authorization: {len(values)} Authorization headers; send exactly "
+                             "one ('Authorization: Bearer <key>')", "authorization", 400)
+        scheme, _, cred = (values[0] if values else b"").partition(b" ")
+        ok = scheme.lower() == b"bearer" and hmac.compare_digest(cred.lstrip(b" "), self.key)
+        return None if ok else HTTPError(
+            "authorization: missing or wrong API key (send 'Authorization: Bearer <key>')",
+            "authorization", 401)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -133,12 +149,13 @@ class LimitsGuard:
 
     async def guarded(self, scope: Any, receive: Any, send: Any) -> None:
         headers = dict(scope["headers"])
-        if self.key is not None and scope["path"] not in self.OPEN and not hmac.compare_digest(
-                headers.get(b"authorization", b""), self.key):
-            await send_json(send, 401, HTTPError(
-                "authorization: missing or wrong API key (send 'Authorization: Bearer <key>')",
-                "authorization", 401).body(), [(b"www-authenticate", b"Bearer")])
-            return
+        if self.key is not None and scope["path"] not in self.OPEN:
+            refusal = self.check_key([v for k, v in scope["headers"] if k == b"authorization"])
+            if refusal is not None:
+                await send_json(send, refusal.status, refusal.body(),
+                                [(b"www-authenticate", b"Bearer" if refusal.status == 401 else
+                                  b'Bearer error="invalid_request"')])
+                return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limits.max_body_bytes:
             await send_json(send, 413, too_large(self.limits).body(),
