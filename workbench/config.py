@@ -101,6 +101,32 @@ def _is_real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+LOGIT_BIAS_MAX = 100.0  # OpenAI's range: a bias in [-100, 100]
+
+
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs, from pairs or a {token id: bias} mapping."""
+    if v is None:
+        return ()
+    items = list(v.items()) if isinstance(v, dict) else v
+    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+        raise RequestError(f"logit_bias: must map token ids to biases, got {v!r}")
+    out: list[tuple[int, float]] = []
+    for pair in items:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise RequestError(f"logit_bias: expected (token id, bias) pairs, got {pair!r}")
+        t, b = pair
+        if not _is_int(t) or t < 0:
+            raise RequestError(f"logit_bias: token ids must be integers >= 0, got {t!r}")
+        if not _is_real(b) or not -LOGIT_BIAS_MAX <= b <= LOGIT_BIAS_MAX:
+            raise RequestError(f"logit_bias: the bias of token {t} must be a number in "
+                               f"[-100, 100], got {b!r}")
+        out.append((int(t), float(b)))
+    if len({t for t, _ in out}) != len(out):
+        raise RequestError("logit_bias: a token id appears more than once")
+    return tuple(out)
+
+
 def _utf8(s: str, field: str) -> None:
     """Lone surrogates (JSON "\\ud800") cannot be tokenized or returned: name the field."""
     try:
@@ -129,6 +155,9 @@ class SamplingParams:
     stop_regex: tuple[str, ...] = ()
     ignore_eos: bool = False
     no_stop_trim: bool = False  # keep a matched stop string / stop token in the text (SGLang)
+    # OpenAI's logit_bias: (token id, bias) pairs added to the target's logits before sampling
+    # and verification alike (workbench.sampler.biased); a token id at most once
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
@@ -190,6 +219,7 @@ class SamplingParams:
         if rx:
             check_patterns(rx)
         object.__setattr__(self, "stop_regex", rx)
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
 
     @property
     def greedy(self) -> bool:

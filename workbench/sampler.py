@@ -1,4 +1,5 @@
-"""Sampling: greedy, temperature, top-k, top-p, min-p, per-request seeded generators.
+"""Sampling: logit bias, greedy, temperature, top-k, top-p, min-p, per-request seeded
+generators.
 
 ``process_probs`` is shared by plain sampling and speculative verification, so the target
 distribution that rejection sampling reproduces is exactly the one plain decoding samples from.
@@ -40,6 +41,31 @@ def process_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
         top = probs.amax(-1, keepdim=True)
         probs = probs.masked_fill((probs < float(sp.min_p) * top) & (probs < top), 0.0)
     return (probs / probs.sum(-1, keepdim=True)).to(torch.float32)
+
+
+def bias_problem(sp: SamplingParams, vocab: int) -> str | None:
+    """Why ``sp.logit_bias`` cannot apply to a vocabulary of ``vocab`` tokens (None: it can)."""
+    bad = [t for t, _ in sp.logit_bias if t >= vocab]
+    if not bad:
+        return None
+    return (f"logit_bias: token id {bad[0]} is not in the vocabulary ({vocab} tokens: ids "
+            f"0..{vocab - 1})")
+
+
+def biased(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """``logits`` (..., V) with ``sp.logit_bias`` added (OpenAI's ``logit_bias``): the same
+    tensor when there is none, else a copy. Plain sampling (:func:`sample_rows`) and
+    verification (:func:`workbench.speculative.verify.accept`) both take the target's
+    distribution from the biased logits, so speculation stays lossless under a bias. Token ids
+    outside the vocabulary raise ValueError (admission checks them: :func:`bias_problem`)."""
+    if not sp.logit_bias:
+        return logits
+    why = bias_problem(sp, logits.shape[-1])
+    if why is not None:
+        raise ValueError(why)
+    ids = torch.tensor([t for t, _ in sp.logit_bias], dtype=torch.int64, device=logits.device)
+    vals = torch.tensor([b for _, b in sp.logit_bias], dtype=logits.dtype, device=logits.device)
+    return logits.index_add(-1, ids, vals.expand(*logits.shape[:-1], len(ids)))
 
 
 def valid_distribution(p: torch.Tensor) -> bool:
@@ -98,9 +124,21 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     fails that request alone."""
     out = argmax_rows(logits)
     for i, (sp, g) in enumerate(zip(params, generators, strict=True)):
-        if sp.greedy:
+        if sp.greedy and not sp.logit_bias:
             continue
-        p = process_probs(logits[i : i + 1], sp)[0]
+        row = logits[i : i + 1]
+        if sp.logit_bias:
+            why = bias_problem(sp, row.shape[-1])
+            if why is not None:
+                if errors is None:
+                    raise RuntimeError(why)
+                errors[i] = why
+                continue
+            row = biased(row, sp)
+            if sp.greedy:
+                out[i] = row[0].argmax()
+                continue
+        p = process_probs(row, sp)[0]
         if not valid_distribution(p):
             msg = (f"sampling: no valid distribution for temperature={sp.temperature}, "
                    f"top_k={sp.top_k}, top_p={sp.top_p}, min_p={sp.min_p} (non-finite logits)")

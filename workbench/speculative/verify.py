@@ -14,6 +14,8 @@ verified token; each node sees its ancestors). Then, per request, walk down from
   When none is accepted, the bonus is drawn from ``p / Σp`` (the residual). With one-hot
   (top-k) drafts the emitted tokens are distributed exactly as sampling token by token.
   A greedy request in a mixed batch gets a one-hot ``p`` at its argmax: the same walk.
+* a request's ``logit_bias`` is added to its target logits before either rule (as plain
+  decoding adds it before sampling), so the walks accept against the biased distribution.
 * **simulated** (``SpecConfig.simulate_accept_length``, NOT lossless: performance studies):
   a forced number of nodes along each tree's best-scored path.
 
@@ -33,7 +35,13 @@ import torch
 from workbench import kernels
 from workbench.core import DraftTree, Request, VerifyResult
 from workbench.kernels import reference
-from workbench.sampler import argmax_max_rows, process_probs, valid_distribution
+from workbench.sampler import (
+    argmax_max_rows,
+    bias_problem,
+    biased,
+    process_probs,
+    valid_distribution,
+)
 
 
 def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request],
@@ -45,6 +53,7 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
     here and the caller fails those requests alone."""
     errors: dict[int, str] = {}
     dev = target_logits.device
+    target_logits = _biased(target_logits, reqs, errors)
     if simulate_accept_length is not None:
         a = simulate_accept_length - 1.0
         lo = int(a)
@@ -72,6 +81,26 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
         coins[i] = torch.rand(n, generator=r.generator, device="cpu")
         final_u[i] = torch.rand((), generator=r.generator, device="cpu")
     return sample_verify(tree, probs, coins.to(dev), final_u.to(dev)), errors
+
+
+def _biased(target_logits: torch.Tensor, reqs: Sequence[Request],
+            errors: dict[int, str]) -> torch.Tensor:
+    """The target's logits with each request's ``logit_bias`` added (a copy when any request
+    has one): verification accepts against the same biased distribution plain decoding
+    samples from (:func:`workbench.sampler.biased`). A bias naming a token outside the
+    vocabulary is that request's error; its row stays unbiased."""
+    if not any(r.sampling.logit_bias for r in reqs):
+        return target_logits
+    out = target_logits.clone()
+    for i, r in enumerate(reqs):
+        if not r.sampling.logit_bias:
+            continue
+        why = bias_problem(r.sampling, out.shape[-1])
+        if why is not None:
+            errors[r.rid] = why
+            continue
+        out[i] = biased(out[i], r.sampling)
+    return out
 
 
 def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
