@@ -70,6 +70,17 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
                    help="the EAGLE-3 server's --speculative-num-steps/eagle-topk/num-draft-tokens")
     f.add_argument("--out", required=True, metavar="BOXRUN")
     f.set_defaults(fn=cmd_fit_box)
+    b = verbs.add_parser("box", help="a box's step model: fitted constants, predictions with "
+                                     "their bands, tok/s per level (docs/LAB.md)")
+    b.add_argument("--preset", default="seeds", metavar="NAME|BOX.json",
+                   help="a box from data/boxes (seeds, h200-nvlink, cpu) or a JSON file")
+    b.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any field of the box (repeatable), e.g. link.allreduce_us=9")
+    b.add_argument("--seeds", default=None, metavar="NUMBERS.json",
+                   help="measured numbers to fit (default: data/seeds for --preset seeds)")
+    b.add_argument("--tau", type=float, default=None, help="τ (default: the workload's)")
+    b.add_argument("--json", action="store_true", help="the whole report as one JSON object")
+    b.set_defaults(fn=cmd_box)
 
 
 def shape_arg(text: str, flag: str) -> tuple[int, int, int]:
@@ -219,4 +230,15 @@ def cmd_fit_box(ns: argparse.Namespace) -> int:
     for note in run.notes:
         print(f"modelled: {note}")
     print(f"saved {out}; replay with `python -m workbench lab replay {out} --policy ...`")
+    return 0
+
+
+def cmd_box(ns: argparse.Namespace) -> int:
+    from workbench.lab.boxreport import box_report, print_report
+
+    rep = box_report(ns.preset, ns.set, ns.seeds, ns.tau)
+    if ns.json:
+        print(json.dumps(rep, default=float))
+        return 0
+    print_report(rep)
     return 0

@@ -1,0 +1,219 @@
+"""Fitting the box's two free constants to measured numbers, honestly.
+
+The step model (:mod:`workbench.lab.boxmodel`) is linear in its two free constants, the
+per-forward floor F (``fit.floor_ms``) and the attention cost a (``fit.attn_ns``): a measured
+tok/s is ms per output token 1000 / tok_s = F * x_F + a * x_a + rest, a measured forward's ms
+the same, with x_F, x_a, rest read off the model at (F, a) = (1, 0), (0, 1), (0, 0). The fit
+solves those rows (least squares past two, F, a >= 0); every other term comes from the box.
+
+What the numbers cannot separate is given as a range: τ (no histogram: the band of τ where
+every prediction is within the tolerance), the crossing (the concurrency where plain decoding
+overtakes speculation, over that band), each with the measurement that would narrow it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.errors import ConfigError
+from workbench.lab.boxmodel import crossing, forward, level, padded
+from workbench.lab.boxspec import REPO_ROOT, set_field
+
+SEEDS = REPO_ROOT / "data" / "seeds" / "seeds.json"
+FIT_KEYS = ("spec_single_after", "plain_saturated")
+TOLERANCE = 0.20
+
+
+def load_seeds(path: str | Path = SEEDS) -> list[dict[str, Any]]:
+    """The measured numbers (``data/seeds/seeds.json``: value, unit, mode, concurrency, the
+    box state they were measured in, the sentence each comes from)."""
+    doc = json.loads(Path(path).read_text())
+    nums = doc.get("numbers") or []
+    for x in nums:
+        if x.get("unit") not in ("tok/s", "ms") or x.get("mode") not in ("plain", "spec",
+                                                                         "verify"):
+            raise ConfigError(f"{path}: number {x.get('key')!r} needs unit tok/s|ms and mode "
+                              "plain|spec|verify")
+    return nums
+
+
+def state_box(box: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    """The box in the state the number was measured in (``state``: dotted overrides)."""
+    for key, value in obs.get("state", {}).items():
+        box = set_field(box, f"{key}={json.dumps(value)}")
+    return box
+
+
+def _conc(box: dict[str, Any], obs: dict[str, Any]) -> int:
+    c = obs["concurrency"]
+    return int(max(box["workload"]["levels"])) if c == "top" else int(c)
+
+
+def _ms(box: dict[str, Any], obs: dict[str, Any], tau: float) -> float:
+    """The number in the model's linear space: ms per output token, or a forward's ms."""
+    b = state_box(box, obs)
+    c = _conc(b, obs)
+    if obs["mode"] == "verify":
+        w = b["workload"]
+        ctx = float(w["prompt_len"]) + float(w["output_len"]) / 2
+        n = int(w["shape"][2])
+        return sum(forward(b, padded(b, c, True) * n, c, ctx).values())
+    row = level(b, c, tau)
+    return 1e3 / row[f"{obs['mode']}_tok_s"]
+
+
+def _measured_ms(obs: dict[str, Any]) -> float:
+    return 1e3 / float(obs["value"]) if obs["unit"] == "tok/s" else float(obs["value"])
+
+
+def _to_value(obs: dict[str, Any], ms: float) -> float:
+    return 1e3 / ms if obs["unit"] == "tok/s" else ms
+
+
+def _with(box: dict[str, Any], floor: float, attn: float) -> dict[str, Any]:
+    out = copy.deepcopy(box)
+    out["fit"] = {**out["fit"], "floor_ms": float(floor), "attn_ns": float(attn)}
+    return out
+
+
+def _rows(box: dict[str, Any], obs: list[dict[str, Any]], tau: float) -> np.ndarray:
+    """Per number: (x_F, x_a, rest)."""
+    out = []
+    for o in obs:
+        rest = _ms(_with(box, 0, 0), o, tau)
+        out.append((_ms(_with(box, 1, 0), o, tau) - rest, _ms(_with(box, 0, 1), o, tau) - rest,
+                    rest))
+    return np.asarray(out)
+
+
+def solve(box: dict[str, Any], obs: list[dict[str, Any]], tau: float) -> tuple[float, float]:
+    """(F, a) fitted to ``obs`` (least squares in relative error; both >= 0)."""
+    if not obs:
+        raise ConfigError("box fit: no numbers to fit")
+    x = _rows(box, obs, tau)
+    y = np.asarray([_measured_ms(o) for o in obs])
+    w = 1.0 / y
+    a_mat, rhs = x[:, :2] * w[:, None], (y - x[:, 2]) * w
+    if len(obs) == 1:  # one number fits the floor alone
+        return max(0.0, float(rhs[0] / a_mat[0, 0])), float(box["fit"]["attn_ns"])
+    sol, *_ = np.linalg.lstsq(a_mat, rhs, rcond=None)
+    f, a = (max(0.0, float(v)) for v in sol)
+    if sol[0] < 0 or sol[1] < 0:  # one constant at its bound: refit the other alone
+        k = 1 if sol[0] < 0 else 0
+        v = float(np.dot(a_mat[:, k], rhs) / np.dot(a_mat[:, k], a_mat[:, k]))
+        f, a = (0.0, max(v, 0.0)) if k == 1 else (max(v, 0.0), 0.0)
+    return f, a
+
+
+def predict(box: dict[str, Any], obs: list[dict[str, Any]], tau: float) -> list[dict[str, Any]]:
+    out = []
+    for o in obs:
+        pred = _to_value(o, _ms(box, o, tau))
+        out.append({"key": o["key"], "seed": float(o["value"]), "unit": o["unit"],
+                    "predicted": pred, "error": pred / float(o["value"]) - 1.0})
+    return out
+
+
+def fit(box: dict[str, Any], obs: list[dict[str, Any]], tau: float,
+        fit_keys: tuple[str, ...] = FIT_KEYS) -> dict[str, Any]:
+    """Fit F and a to the numbers named by ``fit_keys`` at ``tau``; predict every number;
+    leave-one-out over the numbers measured in the box's own state."""
+    by = {o["key"]: o for o in obs}
+    missing = [k for k in fit_keys if k not in by]
+    if missing:
+        raise ConfigError(f"box fit: no measured number named {', '.join(missing)}")
+    f, a = solve(box, [by[k] for k in fit_keys], tau)
+    fitted = _with(box, f, a)
+    rows = predict(fitted, obs, tau)
+    for r in rows:
+        r["fitted"] = r["key"] in fit_keys
+    own = [o for o in obs if not o.get("state")]
+    loo = []
+    for o in own if len(own) > 2 else []:
+        rest = [x for x in own if x is not o]
+        lf, la = solve(box, rest, tau)
+        p = predict(_with(box, lf, la), [o], tau)[0]
+        loo.append({"key": o["key"], "floor_ms": lf, "attn_ns": la,
+                    "predicted": p["predicted"], "error": p["error"]})
+    return {"tau": tau, "floor_ms": f, "attn_ns": a, "box": fitted, "numbers": rows,
+            "loo": loo}
+
+
+def fusion_account(res: dict[str, Any], obs: list[dict[str, Any]]) -> dict[str, Any]:
+    """How much of the before/after-fusion pair the collectives term explains: the verify's
+    collectives fused and unfused, what the model says the unfused verify costs, and the rest
+    the numbers imply (from the verify's ~30 ms and from the unfused single-stream tok/s)."""
+    by = {o["key"]: o for o in obs}
+    box, tau = res["box"], res["tau"]
+    need = ("verify_before", "spec_single_before")
+    if not all(k in by for k in need):
+        return {}
+    before = state_box(box, by["verify_before"])
+    w = box["workload"]
+    ctx = float(w["prompt_len"]) + float(w["output_len"]) / 2
+    n = int(w["shape"][2])
+    v_after = forward(box, n, 1, ctx)
+    v_before = forward(before, n, 1, ctx)
+    pred_round = level(state_box(box, by["spec_single_before"]), 1, tau)["spec_step_ms"]
+    seen_round = tau * 1e3 / float(by["spec_single_before"]["value"])
+    pred_after = level(box, 1, tau)["spec_step_ms"]
+    rest_a = seen_round - pred_round
+    verify_from_a = sum(v_before.values()) + rest_a
+    return {"collectives_after_ms": v_after["collectives"],
+            "collectives_before_ms": v_before["collectives"],
+            "verify_before_model_ms": sum(v_before.values()),
+            "verify_before_seed_ms": float(by["verify_before"]["value"]),
+            "rest_from_verify_ms": float(by["verify_before"]["value"]) - sum(v_before.values()),
+            "round_before_seed_ms": seen_round, "round_before_model_ms": pred_round,
+            "round_after_model_ms": pred_after, "rest_from_single_stream_ms": rest_a,
+            "verify_before_from_single_stream_ms": verify_from_a,
+            "verify_from_single_stream_error":
+                verify_from_a / float(by["verify_before"]["value"]) - 1.0}
+
+
+def tau_band(box: dict[str, Any], obs: list[dict[str, Any]],
+             grid: tuple[float, float, float] = (1.1, 4.0, 0.1),
+             keys: tuple[str, ...] = ("spec_saturated",)) -> dict[str, Any]:
+    """The τ where every number named by ``keys`` is predicted within TOLERANCE (and the
+    verify-from-single-stream check holds), the fit redone at each τ."""
+    ok, rows = [], []
+    for tau in np.arange(grid[0], grid[1] + 1e-9, grid[2]):
+        t = round(float(tau), 3)
+        if t > min(box["workload"]["shape"][0], box["workload"]["shape"][2] - 1) + 1:
+            break
+        res = fit(box, obs, t)
+        errs = {r["key"]: r["error"] for r in res["numbers"] if r["key"] in keys}
+        fa = fusion_account(res, obs)
+        if fa:
+            errs["verify_before_from_single_stream"] = fa["verify_from_single_stream_error"]
+        good = all(abs(e) <= TOLERANCE for e in errs.values())
+        rows.append({"tau": t, "floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
+                     **errs, "within": good})
+        if good:
+            ok.append(t)
+    return {"band": [min(ok), max(ok)] if ok else None, "rows": rows,
+            "narrow_with": "τ at the server: SGLang 0.5.23 records' spec_correct_drafts_histogram "
+                           "(or the /generate spec_accept_length of the seeds' workload)"}
+
+
+def crossing_band(box: dict[str, Any], obs: list[dict[str, Any]], band: list[float],
+                  steps: int = 5) -> dict[str, Any]:
+    """The crossing concurrency at the ends (and inside) of a τ band, each with its own fit."""
+    points = []
+    for t in np.linspace(band[0], band[1], steps):
+        res = fit(box, obs, float(t))
+        points.append({"tau": float(t), "crossing": crossing(res["box"], float(t))})
+    found = [p["crossing"] for p in points if p["crossing"] is not None]
+    lo, hi = (min(found), max(found)) if found else (None, None)
+    if lo is None:
+        measure = "measure plain and EAGLE-3 tok/s at c = 64, 128 (bench threshold --url)"
+    else:
+        cs = sorted({max(1, lo - 1), lo, hi, hi + 1, 2 * hi})
+        measure = (f"measure plain and EAGLE-3 tok/s at c = {', '.join(map(str, cs))} "
+                   "(bench threshold --url): the seeds measured only c = 1 and saturation")
+    return {"range": [lo, hi], "points": points, "narrow_with": measure}

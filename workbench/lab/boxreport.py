@@ -1,0 +1,137 @@
+"""``python -m workbench lab box``: a box (preset or file, ``--set`` overrides), its step model
+fitted to measured numbers where the box has them (the seeds' five for ``--preset seeds``), and
+what every policy would deliver at each concurrency, with ranges where the inputs cannot decide.
+The Python API is :func:`box_report` (same arguments)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError
+from workbench.lab.boxfit import (
+    FIT_KEYS,
+    SEEDS,
+    crossing_band,
+    fit,
+    fusion_account,
+    load_seeds,
+    predict,
+    tau_band,
+)
+from workbench.lab.boxmodel import crossing, level, what_if
+from workbench.lab.boxspec import load_box, rules, with_sets
+
+# vLLM's docs, dynamic speculative decoding with EAGLE-3 (workbench.lab.arms): batch -> tokens
+VLLM_TABLE = ((1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129, None, 0))
+SGLANG_TIERS = {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}  # 0.5.23 defaults
+
+
+def chain_tau(tau: float, steps: int, depth: int) -> float:
+    """τ of an ``steps``-step chain when the measured one has ``depth`` steps at ``tau`` (one
+    rate a for every depth: τ = 1 + a + ... + a^depth)."""
+    from workbench.lab.box import geometric_rate
+
+    a = geometric_rate(tau, depth)
+    return 1.0 + sum(a ** d for d in range(1, steps + 1))
+
+
+def policy_rows(box: dict[str, Any], tau: float, levels: Sequence[int]) -> list[dict[str, Any]]:
+    """tok/s per level of never, always, threshold (the crossing), SGLang 0.5.23's default
+    tiers (the best of each tier's candidates: an upper bound of what its controller reaches)
+    and vLLM's table, every chain at the τ one per-depth rate gives it."""
+    s0 = int(box["workload"]["shape"][0])
+    n = crossing(box, tau)
+
+    def chain(c: int, steps: int) -> float:
+        if steps == 0:
+            return level(box, c, tau)["plain_tok_s"]
+        t = chain_tau(tau, steps, s0)
+        return level(box, c, t, (steps, 1, steps + 1))["spec_tok_s"]
+
+    out = []
+    for c in levels:
+        tier = max(k for k in SGLANG_TIERS if k <= c)
+        vk = next(k for lo, hi, k in VLLM_TABLE if lo <= c and (hi is None or c <= hi))
+        row = {"concurrency": c, "never": chain(c, 0), "always": chain(c, s0),
+               "threshold": chain(c, s0 if n is None or c < n else 0),
+               "sglang_0.5.23_tiers": max(chain(c, s) for s in SGLANG_TIERS[tier]),
+               "vllm_table": chain(c, vk)}
+        out.append(row)
+    return out
+
+
+def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
+               seeds: str | Path | None = None, tau: float | None = None,
+               fit_keys: Sequence[str] = FIT_KEYS) -> dict[str, Any]:
+    """The report of the module doc. ``seeds``: a numbers file (default ``data/seeds`` for the
+    seeds preset, none otherwise); ``tau``: the speculative τ (default the workload's)."""
+    box = with_sets(load_box(preset), list(sets))
+    tau = float(box["workload"]["tau"] if tau is None else tau)
+    levels = [int(c) for c in box["workload"]["levels"]]
+    if seeds is None and str(preset) == "seeds":
+        seeds = SEEDS
+    out: dict[str, Any] = {"box": box.get("name"), "preset": str(preset), "sets": list(sets),
+                           "tau": tau, "rules": rules(box), "provenance": box.get("provenance")}
+    if seeds is not None:
+        obs = load_seeds(seeds)
+        res = fit(box, obs, tau, tuple(fit_keys))
+        band = tau_band(box, obs)
+        if band["band"] is None:
+            raise ConfigError("lab box: no τ in 1.1..4 fits the numbers within ±20 %")
+        lo, hi = band["band"]
+        ends = [predict(fit(box, obs, t, tuple(fit_keys))["box"], obs, t) for t in (lo, hi)]
+        for row, a, b in zip(res["numbers"], *ends, strict=True):
+            row["band"] = sorted([a["predicted"], b["predicted"]])
+            row["sentence"] = next(o["sentence"] for o in obs if o["key"] == row["key"])
+        out.update({
+            "fitted": {"floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
+                       "from": list(fit_keys)},
+            "numbers": res["numbers"], "loo": res["loo"],
+            "tau_band": {"band": band["band"], "narrow_with": band["narrow_with"],
+                         "rule": "every prediction within ±20 % (the fit redone at each τ)"},
+            "fusion": fusion_account(res, obs),
+            "crossing": crossing_band(box, obs, band["band"])})
+        box = res["box"]
+    else:
+        out["fitted"] = None
+    df = what_if(box, levels, tau)
+    out["what_if"] = df.to_dict(orient="records")
+    out["policies"] = policy_rows(box, tau, levels)
+    return out
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    print(f"{rep['box']}  (τ {rep['tau']:.2f}; SGLang {rep['rules']['version']} rules: "
+          f"spec cap {rep['rules']['spec_max_running_requests']}, spec overlap "
+          f"{rep['rules']['spec_overlap']}, all-reduce fusion {rep['rules']['allreduce_fusion']})")
+    if rep.get("fitted"):
+        f = rep["fitted"]
+        print(f"fitted from {', '.join(f['from'])}: floor {f['floor_ms']:.2f} ms per target "
+              f"forward, attention {f['attn_ns']:.2f} ns per context token per layer per query")
+        print(f"τ band where the fit holds: {rep['tau_band']['band']} "
+              f"(narrow it with {rep['tau_band']['narrow_with']})")
+        for r in rep["numbers"]:
+            tag = "fitted" if r["fitted"] else "predicted"
+            print(f"  {r['key']:<20} seeds {r['seed']:>7.1f} {r['unit']:<5} {tag:>9} "
+                  f"{r['predicted']:>7.1f} ({r['error']:+.0%}), band {r['band'][0]:.1f}.."
+                  f"{r['band'][1]:.1f}")
+        for r in rep["loo"]:
+            print(f"  leave-one-out {r['key']:<20} {r['predicted']:>7.1f} ({r['error']:+.0%})")
+        fa = rep["fusion"]
+        if fa:
+            print(f"fusion: the verify's collectives {fa['collectives_before_ms']:.1f} → "
+                  f"{fa['collectives_after_ms']:.1f} ms; the model's unfused verify "
+                  f"{fa['verify_before_model_ms']:.1f} ms of the seeds' ~"
+                  f"{fa['verify_before_seed_ms']:.0f}: {fa['rest_from_verify_ms']:.1f} ms is "
+                  f"not collectives ({fa['rest_from_single_stream_ms']:.1f} ms per round "
+                  f"from the single-stream pair)")
+        cr = rep["crossing"]
+        print(f"stop speculating from concurrency {cr['range'][0]}..{cr['range'][1]} over the "
+              f"τ band; {cr['narrow_with']}")
+    print(f"{'c':>4} {'plain':>8} {'eagle3':>8} {'gain':>6}  batch p/s")
+    for r in rep["what_if"]:
+        print(f"{r['concurrency']:>4} {r['plain_tok_s']:>8.1f} {r['spec_tok_s']:>8.1f} "
+              f"{r['gain']:>6.2f}  {r['plain_batch']}/{r['spec_batch']}"
+              f"{' (spec capped: the server queues the rest)' if r['spec_capped'] else ''}")
