@@ -153,7 +153,7 @@ def test_chat_completions(chat_server: ServerHandle) -> None:
     c = openai.OpenAI(base_url=chat_server.url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "system", "content": "be brief"},
                 {"role": "user", "content": "def add(a, b):"}]
-    r = c.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0,
+    r = c.chat.completions.create(model="model", messages=messages, max_tokens=8, temperature=0,
                                   logprobs=True, top_logprobs=2,
                                   extra_body={"ignore_eos": True})
     engine = chat_server.engine
@@ -161,7 +161,7 @@ def test_chat_completions(chat_server: ServerHandle) -> None:
                                                     tokenize=False)
     assert rendered == "<system>be brief\n<user>def add(a, b):\n<assistant>"
     # the same text through /v1/completions gives the same answer
-    ref = c.completions.create(model="m", prompt=rendered, max_tokens=8, temperature=0,
+    ref = c.completions.create(model="model", prompt=rendered, max_tokens=8, temperature=0,
                                extra_body={"ignore_eos": True})
     msg = r.choices[0].message
     assert msg.role == "assistant" and msg.content == ref.choices[0].text
@@ -170,7 +170,7 @@ def test_chat_completions(chat_server: ServerHandle) -> None:
     assert len(content) == 8 and all(len(t.top_logprobs) == 2 for t in content)
     assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob, abs=TOL) for t in content)
     # streaming: the role first, then content deltas, then usage
-    chunks = list(c.chat.completions.create(model="m", messages=messages, max_tokens=8,
+    chunks = list(c.chat.completions.create(model="model", messages=messages, max_tokens=8,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True},
                                             extra_body={"ignore_eos": True}))
@@ -188,7 +188,7 @@ def test_lm_eval_loglikelihood_payload(http, reference_engine: wb.Engine) -> Non
     token_logprobs[ctxlen:-1] and compares each with max(top_logprobs)."""
     seqs = [[12, 40, 41, 99, 7, 7, 15], [5, 6, 7, 8, 9]]
     ctxlens = [4, 2]
-    r = http.post("/v1/completions", json={"model": "m", "prompt": seqs, "temperature": 0,
+    r = http.post("/v1/completions", json={"model": "model", "prompt": seqs, "temperature": 0,
                                            "max_tokens": 1, "logprobs": 1, "seed": 1234,
                                            "echo": True})
     assert r.status_code == 200, r.text

@@ -99,7 +99,8 @@ COMPLETION_CASES = {
     "echo wrong type": ({"prompt": "a", "echo": 1}, "echo"),
     "logprobs too many": ({"prompt": "a", "logprobs": 99}, "logprobs"),
     "model wrong type": ({"prompt": "a", "model": 3}, "model"),
-    "stream_options unknown": ({"prompt": "a", "stream_options": {"x": 1}}, "stream_options.x"),
+    "stream_options unknown": ({"prompt": "a", "stream": True, "stream_options": {"x": 1}},
+                               "stream_options.x"),
 }
 
 

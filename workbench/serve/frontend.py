@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect
 
 from workbench.errors import RequestError
+from workbench.sampler import bias_problem
 from workbench.serve.connections import CONNECTION
 from workbench.serve.limits import ServeLimits, logprob_entries
 from workbench.serve.loop import (
@@ -146,6 +147,9 @@ class ServeState:
         if self.loop.max_pending is not None and self.loop.num_pending >= self.loop.max_pending:
             raise HTTPError(f"server: {self.loop.num_pending} requests are queued or running; "
                             "retry later", None, 503)  # before paying for tokenization
+        why = bias_problem(parsed.sampling, self.vocab_size)
+        if why is not None:
+            raise HTTPError(why.replace("logit_bias", parsed.bias_field, 1), parsed.bias_field)
         prompt = await self.tokenize(parsed.prompt, parsed.prompt_field)
         self.check_budget(parsed, len(prompt) if isinstance(prompt, list) else 0)
         try:

@@ -238,9 +238,26 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
         """``stream_options.include_usage``: a last chunk with usage and no choices."""
         return sse({**head, "choices": [], "usage": usage(req, choices, sum(done_toks.values()))})
 
+    def chunk_usage(req: OpenAIRequest, c: _Choice, tokens: int) -> dict[str, Any]:
+        """``continuous_usage_stats`` (vLLM's): every chunk's usage, its choice's prompt and
+        the tokens generated for it so far; {} otherwise."""
+        if not req.continuous_usage:
+            return {}
+        return {"usage": {"prompt_tokens": c.prompt_tokens, "completion_tokens": tokens,
+                          "total_tokens": c.prompt_tokens + tokens}}
+
+    def check_model(req: OpenAIRequest) -> None:
+        """The ``model`` a client names must be the one served (vLLM's rule: 404), or absent:
+        answers, usage and benchmark records carry the name the client sent, so a name that
+        was never served must not come back on an answer."""
+        if req.model is not None and req.model != name:
+            raise HTTPError(f"model: the model {req.model!r} does not exist; this server serves "
+                            f"{name!r} (GET /v1/models)", "model", 404)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         req = parse_completion(await body_of(request))
+        check_model(req)
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                 "created": int(time.time()), "model": req.model or name}
         tok_text = _token_text(engine.tokenizer)
@@ -285,7 +302,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                 yield sse({**head, "choices": [{
                     "index": c.index, "text": text + delta, "logprobs": lp,
                     "finish_reason": openai_finish_reason(chunk.finish_reason)
-                    if chunk.finished else None}]})
+                    if chunk.finished else None}], **chunk_usage(req, c, len(chunk.token_ids))})
             if req.include_usage:
                 yield usage_event(req, choices, head, done_toks)
             yield sse("[DONE]")
@@ -295,6 +312,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         req = parse_chat(await body_of(request))
+        check_model(req)
         tokenizer = engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise HTTPError(f"messages: the model {name!r} has no chat template (no "
@@ -331,14 +349,15 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
 
         head["object"] = "chat.completion.chunk"
 
-        def event(index: int, delta: dict[str, Any], finish: str | None,
-                  lp: dict[str, Any] | None = None) -> bytes:
-            return sse({**head, "choices": [{"index": index, "delta": delta, "logprobs": lp,
-                                             "finish_reason": finish}]})
+        def event(c: _Choice, delta: dict[str, Any], finish: str | None,
+                  lp: dict[str, Any] | None = None, tokens: int = 0) -> bytes:
+            return sse({**head, "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                             "finish_reason": finish}],
+                        **chunk_usage(req, c, tokens)})
 
         async def events() -> AsyncIterator[bytes]:
             for c in choices:
-                yield event(c.index, {"role": "assistant", "content": ""}, None)
+                yield event(c, {"role": "assistant", "content": ""}, None)
             sent_text: dict[int, str] = {}
             sent_toks: dict[int, int] = {}
             done_toks: dict[int, int] = {}
@@ -352,9 +371,9 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                     sent_toks[c.index] = len(chunk.output.token_ids)
                 if chunk.finished:
                     done_toks[c.index] = len(chunk.token_ids)
-                yield event(c.index, {"content": delta} if delta else {},
+                yield event(c, {"content": delta} if delta else {},
                             openai_finish_reason(chunk.finish_reason) if chunk.finished
-                            else None, lp)
+                            else None, lp, len(chunk.token_ids))
             if req.include_usage:
                 yield usage_event(req, choices, head, done_toks)
             yield sse("[DONE]")

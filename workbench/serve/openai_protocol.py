@@ -23,6 +23,7 @@ from workbench.serve.protocol import (
     expect_bool,
     expect_int,
     expect_number,
+    logit_bias,
     stop_patterns,
     stop_strings,
     token_id_list,
@@ -35,23 +36,28 @@ OPENAI_DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_CHOICES = 16  # n, and prompts x n, per request
 
+# OpenAI fields that change nothing this server computes: accepted with a value of the type
+# OpenAI documents, and ignored (vLLM ignores every field it does not use; unknown names are
+# still a 400 here, so a misspelt sampling field never passes silently)
+IGNORED: dict[str, tuple[type, ...]] = {
+    "user": (str,), "metadata": (dict,), "store": (bool,), "service_tier": (str,),
+    "prompt_cache_key": (str,), "safety_identifier": (str,)}
 COMPLETIONS_FIELDS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_p", "stream",
-                                "stop", "seed", "stream_options", "user", "n", "echo",
-                                "logprobs",
+                                "stop", "seed", "stream_options", "n", "echo", "logprobs",
+                                "logit_bias",
                                 # extensions (SGLang and vLLM accept them too)
                                 "top_k", "min_p", "ignore_eos", "stop_token_ids", "stop_regex"})
 COMPLETIONS_NO_OPS: dict[str, Any] = {"best_of": 1, "presence_penalty": 0.0,
-                                      "frequency_penalty": 0.0, "suffix": None, "logit_bias": {}}
+                                      "frequency_penalty": 0.0, "suffix": None}
 CHAT_FIELDS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens",
                          "temperature", "top_p", "stream", "stop", "seed", "stream_options",
-                         "user", "n", "logprobs", "top_logprobs",
+                         "n", "logprobs", "top_logprobs", "logit_bias",
                          "top_k", "min_p", "ignore_eos", "stop_token_ids", "stop_regex"})
 CHAT_NO_OPS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0,
-                               "logit_bias": {}, "tools": None, "tool_choice": "none",
+                               "tools": None, "tool_choice": "none",
                                "parallel_tool_calls": None, "response_format": None,
                                "functions": None, "function_call": None,
-                               "reasoning_effort": None, "service_tier": None, "store": False,
-                               "metadata": None, "modalities": None, "audio": None,
+                               "reasoning_effort": None, "modalities": None, "audio": None,
                                "prediction": None, "web_search_options": None}
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -80,6 +86,7 @@ class OpenAIRequest:
     echo: bool
     prompt_field: str
     max_tokens_field: str | None = None
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's)
 
     def __post_init__(self) -> None:
         seed = self.sampling.seed
@@ -115,29 +122,44 @@ def _openai_sampling(body: dict[str, Any], max_tokens_field: str,
         kw["ignore_eos"] = expect_bool(body["ignore_eos"], "ignore_eos")
     if body.get("seed") is not None:
         kw["seed"] = expect_int(body["seed"], "seed")
+    if body.get("logit_bias") is not None:
+        kw["logit_bias"] = logit_bias(body["logit_bias"], "logit_bias")
     rename = {"max_new_tokens": max_tokens_field}
     return build_sampling(kw, "", lambda name: rename.get(name, name))
 
 
-def _openai_common(body: dict[str, Any]) -> tuple[str | None, bool, bool, int]:
-    """model, stream, stream_options.include_usage, n."""
+def _openai_common(body: dict[str, Any]) -> tuple[str | None, bool, bool, bool, int]:
+    """model, stream, stream_options.include_usage, its continuous_usage_stats, n.
+
+    ``stream_options`` only with ``stream: true`` (OpenAI and vLLM answer 400 otherwise);
+    ``continuous_usage_stats`` (vLLM's) puts usage in every chunk, with ``include_usage``
+    only (as vLLM). The :data:`IGNORED` fields are checked for their type only."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise HTTPError(f"model: expected a string, got {type_name(model)}", "model")
     stream = expect_bool(body.get("stream", False), "stream")
-    include_usage = False
+    include_usage = continuous = False
     so = body.get("stream_options")
     if so is not None:
+        if not stream:
+            raise HTTPError("stream_options: only allowed with stream: true", "stream_options")
         if not isinstance(so, dict):
             raise HTTPError("stream_options: expected an object", "stream_options")
         check_fields(so, {"include_usage", "continuous_usage_stats"}, "stream_options")
-        include_usage = expect_bool(so.get("include_usage", False), "stream_options.include_usage")
-    if body.get("user") is not None and not isinstance(body["user"], str):
-        raise HTTPError("user: expected a string", "user")
+        if so.get("include_usage") is not None:
+            include_usage = expect_bool(so["include_usage"], "stream_options.include_usage")
+        if so.get("continuous_usage_stats") is not None:
+            continuous = include_usage and expect_bool(
+                so["continuous_usage_stats"], "stream_options.continuous_usage_stats")
+    for key, types in IGNORED.items():
+        v = body.get(key)
+        if v is not None and (not isinstance(v, types) or isinstance(v, bool) != (bool in types)):
+            raise HTTPError(f"{key}: expected {' or '.join(t.__name__ for t in types)}, got "
+                            f"{type_name(v)}", key)
     n = 1 if body.get("n") is None else expect_int(body["n"], "n", lo=1)
     if n > MAX_CHOICES:
         raise HTTPError(f"n: at most {MAX_CHOICES} choices per request, got {n}", "n")
-    return model, stream, include_usage, n
+    return model, stream, include_usage, continuous, n
 
 
 def _one_prompt(raw: Any, field: str) -> str | list[int]:
@@ -152,10 +174,10 @@ def _one_prompt(raw: Any, field: str) -> str | list[int]:
 def parse_completion(body: dict[str, Any]) -> OpenAIRequest:
     """Validate an OpenAI ``/v1/completions`` body: a prompt (text or token ids) or a list of
     them, ``n`` samples each, ``logprobs`` (top alternatives, 0-20) and ``echo``."""
-    check_fields(body, COMPLETIONS_FIELDS | set(COMPLETIONS_NO_OPS), "")
+    check_fields(body, COMPLETIONS_FIELDS | set(COMPLETIONS_NO_OPS) | set(IGNORED), "")
     for key, default in COMPLETIONS_NO_OPS.items():
         check_no_op(body, key, default, key)
-    model, stream, include_usage, n = _openai_common(body)
+    model, stream, include_usage, continuous, n = _openai_common(body)
     if "prompt" not in body or body["prompt"] is None:
         raise HTTPError("prompt: required", "prompt")
     raw = body["prompt"]
@@ -183,7 +205,8 @@ def parse_completion(body: dict[str, Any]) -> OpenAIRequest:
         raise HTTPError("max_tokens: 0 generates nothing; it scores the prompt only with "
                         "echo: true (with logprobs for the scores)", "max_tokens")
     return OpenAIRequest(prompts, sampling, n, stream, include_usage, model, logprobs, echo,
-                         "prompt", "max_tokens" if body.get("max_tokens") is not None else None)
+                         "prompt", "max_tokens" if body.get("max_tokens") is not None else None,
+                         continuous)
 
 
 def _chat_content(v: Any, field: str) -> str:
@@ -207,13 +230,13 @@ def _chat_content(v: Any, field: str) -> str:
 def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
     """Validate an OpenAI ``/v1/chat/completions`` body (text messages; ``logprobs: true`` +
     ``top_logprobs``)."""
-    check_fields(body, CHAT_FIELDS | set(CHAT_NO_OPS), "")
+    check_fields(body, CHAT_FIELDS | set(CHAT_NO_OPS) | set(IGNORED), "")
     for key, default in CHAT_NO_OPS.items():
         if key == "tool_choice" and body.get(key) in ("none", "auto", None) and \
                 not body.get("tools"):
             continue  # no tools: "auto" means none
         check_no_op(body, key, default, key)
-    model, stream, include_usage, n = _openai_common(body)
+    model, stream, include_usage, continuous, n = _openai_common(body)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise HTTPError("messages: expected a non-empty list of messages", "messages")
@@ -239,4 +262,4 @@ def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
         else "max_tokens"
     return OpenAIRequest([messages], _openai_sampling(body, field), n, stream, include_usage,
                          model, top if want else None, False, "messages",
-                         field if body.get(field) is not None else None)
+                         field if body.get(field) is not None else None, continuous)

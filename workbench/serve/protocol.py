@@ -63,6 +63,7 @@ class ParsedRequest:
     fanout: int = 1  # choices of the HTTP request it belongs to (OpenAI: prompts x n)
     cumulative: bool = False  # a stream whose every chunk repeats the whole answer so far
     logprobs_field: str | None = None  # the field a log-probability budget error names
+    bias_field: str = "logit_bias"  # the field an out-of-vocabulary logit_bias error names
 
 
 # ---- primitive checks -----------------------------------------------------------------------
@@ -155,6 +156,49 @@ def stop_patterns(v: Any, field: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def logit_bias(v: Any, field: str) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: ``{"<token id>": bias}``, each bias a number in [-100, 100]
+    (token ids beyond the vocabulary are refused at admission, naming ``field``)."""
+    if v is None:
+        return ()
+    if not isinstance(v, dict):
+        raise HTTPError(f"{field}: expected an object mapping token ids to biases, got "
+                        f"{type_name(v)}", field)
+    out = []
+    for k, b in v.items():
+        f = f"{field}[{k!r}]"
+        if not (isinstance(k, str) and k.isascii() and k.isdigit()) or len(k) > 12:
+            raise HTTPError(f"{f}: keys are token ids (decimal integers >= 0), got {k!r}", field)
+        if not is_number(b) or not -100 <= b <= 100:
+            raise HTTPError(f"{f}: a bias is a number in [-100, 100], got {b!r}", field)
+        out.append((int(k), float(b)))
+    return tuple(out)
+
+
+# The regular expressions SGLang's frontend sends for sgl.gen(dtype=...) (sglang/lang/ir.py)
+SGLANG_DTYPE_REGEX = {r"[-+]?[0-9]+[ \n]*": "int", r"[-+]?[0-9]*\.?[0-9]+[ \n]*": "float",
+                      r"(True|False)": "bool", r"\"[\w\d\s]*\"": "str"}
+CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
+def check_no_constraint(sp: Mapping[str, Any], prefix: str) -> None:
+    """Constrained decoding is not offered: a 400 that names what the client asked for (for
+    ``sgl.gen(dtype=...)``, the dtype, not the pattern its frontend made of it)."""
+    for key in CONSTRAINTS:
+        v = sp.get(key)
+        if v is None:
+            continue
+        dtype = SGLANG_DTYPE_REGEX.get(v) if key == "regex" and isinstance(v, str) else None
+        if dtype is not None:
+            raise HTTPError(f"{prefix}{key}: sgl.gen(dtype={dtype}) asks for constrained "
+                            f"decoding (output of type {dtype}), which this server does not "
+                            "offer; generate without dtype and parse the text (stop or "
+                            "stop_regex end it where you choose)", prefix + key)
+        raise HTTPError(f"{prefix}{key}: constrained decoding ({', '.join(CONSTRAINTS)}) is not "
+                        "offered by this server; use stop or stop_regex to end the output",
+                        prefix + key)
+
+
 def check_utf8(s: str, field: str) -> None:
     """JSON may carry lone surrogates ("\\ud800"): not text we can tokenize or return."""
     try:
@@ -225,14 +269,15 @@ GENERATE_NO_OPS: dict[str, Any] = {
 # SGLang sampling params we implement (seed: also SGLang's ``sampling_seed``).
 SGLANG_SAMPLING = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
                              "stop_token_ids", "stop_regex", "ignore_eos", "no_stop_trim",
-                             "seed", "sampling_seed"})
+                             "seed", "sampling_seed", "logit_bias"})
 # SGLang sampling params accepted at their default value only.
 SGLANG_NO_OPS: dict[str, Any] = {
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
     "min_new_tokens": 0, "n": 1, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "json_schema": None, "regex": None, "ebnf": None,
-    "structural_tag": None, "logit_bias": None, "custom_params": None, "stream_interval": None,
+    "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
 }
+# refused with a message naming what was asked for (check_no_constraint)
+SGLANG_CONSTRAINTS = frozenset(CONSTRAINTS)
 
 
 def parse_generate(body: dict[str, Any]) -> ParsedRequest:
@@ -283,7 +328,8 @@ def parse_generate(body: dict[str, Any]) -> ParsedRequest:
         raise HTTPError("sampling_params.max_new_tokens: 0 (prefill only) produces no tokens to "
                         "stream; send stream: false", "sampling_params.max_new_tokens")
     return ParsedRequest(prompt, sampling, stream, field, rid,
-                         logprobs=logprobs, return_text_in_logprobs=text_in)
+                         logprobs=logprobs, return_text_in_logprobs=text_in,
+                         bias_field="sampling_params.logit_bias")
 
 
 def _sglang_logprobs(body: dict[str, Any]) -> tuple[LogprobParams | None, bool]:
@@ -308,9 +354,10 @@ def _sglang_logprobs(body: dict[str, Any]) -> tuple[LogprobParams | None, bool]:
 def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
     """SGLang ``sampling_params`` → SamplingParams (``top_k: -1`` means off, as upstream)."""
     p = "sampling_params."
-    check_fields(sp, SGLANG_SAMPLING | set(SGLANG_NO_OPS), "sampling_params")
+    check_fields(sp, SGLANG_SAMPLING | set(SGLANG_NO_OPS) | SGLANG_CONSTRAINTS, "sampling_params")
     for key, default in SGLANG_NO_OPS.items():
         check_no_op(sp, key, default, p + key)
+    check_no_constraint(sp, p)
     kw: dict[str, Any] = {"temperature": 1.0,
                           "max_new_tokens": SGLANG_DEFAULT_MAX_NEW_TOKENS}
     if sp.get("max_new_tokens") is not None:
@@ -335,6 +382,8 @@ def parse_sglang_sampling(sp: dict[str, Any]) -> SamplingParams:
     for key in ("seed", "sampling_seed"):
         if sp.get(key) is not None:
             kw["seed"] = expect_int(sp[key], p + key)
+    if sp.get("logit_bias") is not None:
+        kw["logit_bias"] = logit_bias(sp["logit_bias"], p + "logit_bias")
     return build_sampling(kw, p, lambda name: p + name)
 
 

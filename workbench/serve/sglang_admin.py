@@ -17,6 +17,9 @@
   running it answers 200 as soon as the engine loop is alive and stepping (upstream ignores the
   probe then); when idle it generates one token from token id 0 and answers 200, or 503 when
   the engine loop is down or the token fails;
+- ``GET /tokenizer_info``: vLLM's route (SGLang 0.5.23 serves none): the tokenizer's settings
+  (its ``init_kwargs`` without file paths, added tokens as their text), ``tokenizer_class``,
+  ``chat_template`` (:func:`tokenizer_info`);
 - ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts every live ``/generate`` request whose
   id starts with ``rid`` (upstream's scheduler matches by prefix, so a batch's ``rid`` aborts its
   ``"<rid>_<i>"`` items), or every live request of any route with ``abort_all``; an empty rid
@@ -76,6 +79,36 @@ def model_info(engine: Engine, name: str) -> dict[str, Any]:
     }
 
 
+def _plain_json(v: Any) -> Any:
+    """A tokenizer setting as JSON: an added token as its text, containers item by item,
+    anything else not JSON-native as its string."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _plain_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain_json(x) for x in v]
+    content = getattr(v, "content", None)
+    return content if isinstance(content, str) else str(v)
+
+
+def tokenizer_info(engine: Engine) -> dict[str, Any] | None:
+    """``GET /tokenizer_info`` as vLLM serves it (SGLang 0.5.23 has no such route): the
+    tokenizer's settings (``init_kwargs`` without file paths), ``tokenizer_class`` and the
+    chat template; None without a tokenizer."""
+    tok = engine.tokenizer
+    if tok is None:
+        return None
+    cfg = {k: v for k, v in dict(getattr(tok, "init_kwargs", None) or {}).items()
+           if k not in ("vocab_file", "merges_file", "tokenizer_file")}
+    out: dict[str, Any] = _plain_json(cfg)
+    out["tokenizer_class"] = type(tok).__name__
+    template = getattr(tok, "chat_template", None)
+    if isinstance(template, str) and template:
+        out["chat_template"] = template
+    return out
+
+
 def _flush(engine: Engine) -> str | None:
     """On the engine thread: None when flushed, else why not (requests are live)."""
     if engine.has_unfinished():
@@ -124,8 +157,8 @@ class LiveRids:
 
 def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any],
                      live: LiveRids) -> None:
-    """Register /model_info, /get_model_info, /health_generate, /flush_cache and
-    /abort_request on ``app``."""
+    """Register /model_info, /get_model_info, /tokenizer_info, /health_generate,
+    /flush_cache and /abort_request on ``app``."""
     loop = st.loop
     info = model_info(loop.engine, st.name)  # fixed once the engine is built
 
@@ -133,6 +166,15 @@ def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any]
     @app.get("/get_model_info")
     async def get_model_info() -> Any:
         return info
+
+    tok_info = tokenizer_info(loop.engine)
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info() -> Any:
+        if tok_info is None:
+            raise HTTPError("tokenizer: this model is served without a tokenizer", "tokenizer",
+                            404)
+        return tok_info
 
     @app.get("/health_generate")
     async def health_generate(request: Request) -> Any:
