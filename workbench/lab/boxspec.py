@@ -206,6 +206,8 @@ def check_box(box: dict[str, Any], where: str = "box") -> dict[str, Any]:
 
 
 def _coerce(old: Any, text: str, key: str) -> Any:
+    if text.lower() in ("null", "none"):  # back to the version's rule / no value
+        return None
     try:
         if isinstance(old, bool) or text.lower() in ("true", "false"):
             if text.lower() not in ("true", "false", "1", "0"):
