@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine import contention
+from workbench.engine import contention, stages
 from workbench.engine.contention import Conditions, ContentionMonitor, CpuSample
 
 # the module's own function (tests/conftest.py pins contention.between inside each test)
@@ -294,7 +294,7 @@ def test_engine_records_threads_and_adapts_mid_run(
         e.contention.enabled = True
 
         def flip(a: contention.Adaptation) -> None:
-            e._threads_adapted(a)
+            stages.threads_adapted(e, a)
             busy["now"] = not busy["now"]
             machine_conditions["others"] = 1.1 if busy["now"] else 0.0
 
@@ -312,7 +312,7 @@ def test_engine_records_threads_and_adapts_mid_run(
         assert e.choices["threads"]["provisional"] is \
             bool(e.contention.log[-1].conditions["contended"])
         for contended in (True, False):
-            e._threads_adapted(contention.Adaptation(
+            stages.threads_adapted(e, contention.Adaptation(
                 0.0, "drift", {"contended": contended, "others": 1.1 if contended else 0.0},
                 {1: {"p": 1.0}, 2: {"p": 2.0}}, 2, 1))
             assert e.choices["threads"]["provisional"] is contended

@@ -1,5 +1,8 @@
 """The engine: staged all-or-nothing init, the public API, and the step loop.
 
+The init loop is here (each stage timed, reported as an InitStage event, everything freed on a
+failure); what each stage does is in :mod:`workbench.engine.stages`.
+
 Three parts do the work (DESIGN.md §4): the :class:`~workbench.engine.scheduler.Scheduler`
 plans each step's whole batch (admission, prefill chunks, the policy decision, every KV
 reservation) before any forward; the :class:`~workbench.engine.runner.ModelRunner` owns the
@@ -22,8 +25,8 @@ import torch
 from workbench import faults
 from workbench.config import EngineConfig, SamplingParams, SpecConfig
 from workbench.core import LogprobParams, Request, RequestOutput, StepOutput
-from workbench.engine import affinity, driver, policy_init
-from workbench.engine.contention import Adaptation, ContentionMonitor
+from workbench.engine import affinity, driver, policy_init, stages
+from workbench.engine.contention import ContentionMonitor
 from workbench.engine.output import OutputProcessor
 from workbench.engine.prompts import Prompt, check_params, check_prompt, new_request, tokenize
 from workbench.engine.runner import ModelRunner
@@ -87,21 +90,21 @@ class Engine:
     # -- staged init ----------------------------------------------------------------------
     def _init(self) -> None:
         r = self.runner
-        stages: list[tuple[str, Callable[[], str | None]]] = [
-            ("load_config", self._stage_load_config),
+        order: list[tuple[str, Callable[[], str | None]]] = [
+            ("load_config", lambda: stages.load_config(self)),
             ("load_target", lambda: r.load_target(self.model_path)),
             ("load_draft", lambda: None if self.draft_path is None else
              r.load_draft(self.draft_path)),
-            ("autotune", self._stage_autotune),
-            ("allocate_kv", self._stage_allocate_kv),
-            ("attention_backend", self._stage_attention_backend),
+            ("autotune", lambda: stages.autotune(self)),
+            ("allocate_kv", lambda: stages.allocate_kv(self)),
+            ("attention_backend", lambda: stages.attention_backend(self)),
             ("draft_attention_backend", r.draft_attention_backend),
             ("cuda_graphs", lambda: r.cuda_graphs(self.max_model_len)),
-            ("compile", self._stage_compile),
+            ("compile", lambda: stages.compile_forward(self)),
             ("policy_costmodel", lambda: policy_init.stage(self)),
-            ("self_check", self._stage_self_check),
+            ("self_check", lambda: stages.self_check(self)),
         ]
-        for name, fn in stages:
+        for name, fn in order:
             t0 = time.perf_counter()
             try:
                 faults.check(f"init:{name}")
@@ -132,103 +135,6 @@ class Engine:
         if self.trace.wants(ev.InitStage):
             self.trace.emit(ev.InitStage(t=time.perf_counter(), stage=name, status=status,
                                          seconds=seconds, detail=detail))
-
-    def _stage_load_config(self) -> None:
-        from workbench.models.loader import resolve_path
-
-        folder = resolve_path(self.model_path)
-        self.model_path = folder
-        self.model_config = ModelConfig.from_folder(folder)
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)
-        cfg_len = self.model_config.max_position_embeddings
-        self.max_model_len = self.out.max_model_len = min(cfg_len,
-                                                          self.config.max_model_len or cfg_len)
-        self.eos_ids = self.out.eos_ids = set(self.model_config.eos_token_id)
-        if (Path(folder) / "tokenizer.json").is_file() or \
-                (Path(folder) / "tokenizer_config.json").is_file():
-            from transformers import AutoTokenizer
-
-            self.tokenizer = self.out.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-
-    def _stage_autotune(self) -> str:
-        """Measure every machine-dependent "auto" (GEMM path...) on the real weights, or read
-        the per-machine cache (engine/autotune.py); the choices and timings are the detail."""
-        from workbench.engine import autotune
-
-        found = autotune.autotune(self)
-        self.choices = {name: c.to_dict() for name, c in found.items()}
-        threads = found["threads"]
-        if threads.source in ("measured", "only") and self.config.contention == "adapt" and \
-                self.runner.device.type == "cpu":
-            self.contention = ContentionMonitor(int(threads.candidates[0]), self._gemm_passes,
-                                                on_change=self._threads_adapted)
-        return autotune.describe(found)
-
-    def _gemm_passes(self) -> dict[str, Callable[[], None]]:
-        from workbench.engine.contention import gemm_pass
-
-        target = self.runner.target
-        assert target is not None  # the autotune stage runs after load_target
-        return {"decode M=1": gemm_pass(target, 1), "verify M=16": gemm_pass(target, 16)}
-
-    def _threads_adapted(self, a: Adaptation) -> None:
-        """The contention monitor re-measured the thread count: the choice says so. It is
-        provisional only when measured under contention (a drift-triggered re-measurement on a
-        quiet machine is a quiet measurement, and --strict must not refuse a quiet run for it)."""
-        from workbench.engine import autotune
-
-        self.choices["threads"] = autotune.Choice(
-            "threads", str(a.after), "measured" if a.timings_ms else "only",
-            tuple(str(n) for n in a.timings_ms) or (str(a.after),),
-            {str(n): t for n, t in a.timings_ms.items()},
-            note=f"re-measured: {a.reason}" + (f"; pinned to CPU(s) {a.cpus}, the least busy"
-                                               if a.cpus else ""),
-            provisional=bool(a.conditions["contended"]),
-            conditions={**a.conditions, "cpu": autotune.cpu_model(), "cpus": a.cpus}).to_dict()
-
-    def _stage_allocate_kv(self) -> None:
-        assert self.model_config is not None
-        pool = self.runner.allocate_kv(self.model_config)
-        cfg = self.config
-        self.scheduler = self.out.scheduler = Scheduler(pool, cfg.max_batch_size,
-                                                        cfg.max_prefill_tokens)
-        # A request alone must always fit the pool, or preemption could never make room for it
-        # (it would wait forever): cap its context at the pool's capacity ("length" finish).
-        self.max_model_len = self.out.max_model_len = min(self.max_model_len,
-                                                          pool.num_blocks * pool.page_size)
-
-    def _stage_attention_backend(self) -> str:
-        assert self.model_config is not None  # load_config ran
-        return self.runner.attention_backend(self.model_config)
-
-    def _stage_compile(self) -> str:
-        """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
-        (engine/compiled.py). A compile that fails or overruns its budget leaves the runner
-        eager, named in the detail; the self-check then runs through whichever path won."""
-        from workbench.engine import autotune, compiled
-
-        choice = compiled.compile_stage(self.runner, autotune.cache_key(self))
-        self.choices["compile"] = choice.to_dict()
-        return choice.detail()
-
-    def _stage_self_check(self) -> None:
-        if not self.config.self_check:
-            return
-        assert self.model_config is not None
-        prompt = list(range(1, min(9, self.model_config.vocab_size)))
-        sp = SamplingParams(max_new_tokens=4)
-        plain = self.generate([prompt], sp)[0].token_ids
-        if len(plain) != 4:
-            raise RuntimeError(f"self-check produced {len(plain)} tokens, expected 4")
-        if self.runner.draft is not None:
-            spec = self.generate([prompt], sp, spec=SpecConfig(num_steps=2, topk=2,
-                                                               num_draft_tokens=4))[0].token_ids
-            if spec != plain:
-                raise RuntimeError(f"self-check: speculative output {spec} != plain {plain}")
-        self.stats.reset()
-        self.step_id = 0
-        self.worker.plain_streak = 0
 
     # -- public API -------------------------------------------------------------------------
     def set_tracer(self, tracer: Any) -> None:

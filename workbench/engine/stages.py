@@ -1,0 +1,134 @@
+"""The init stages the engine runs in order (load_config ... self_check), one function each.
+
+:class:`~workbench.engine.engine.Engine` owns the staged all-or-nothing loop (timing, events,
+fallbacks, freeing everything on a failure); the work of each stage lives here, each a function
+of the engine it builds. Every stage either returns a detail string (or None) or raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from workbench.config import SamplingParams, SpecConfig
+from workbench.engine.contention import Adaptation, ContentionMonitor
+from workbench.engine.scheduler import Scheduler
+from workbench.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from workbench.engine.engine import Engine
+
+
+def load_config(eng: Engine) -> None:
+    """The model's config, the length limits, the EOS ids and (when present) the tokenizer."""
+    from workbench.models.loader import resolve_path
+
+    folder = resolve_path(eng.model_path)
+    eng.model_path = folder
+    eng.model_config = ModelConfig.from_folder(folder)
+    if eng.config.threads:
+        torch.set_num_threads(eng.config.threads)
+    cfg_len = eng.model_config.max_position_embeddings
+    eng.max_model_len = eng.out.max_model_len = min(cfg_len, eng.config.max_model_len or cfg_len)
+    eng.eos_ids = eng.out.eos_ids = set(eng.model_config.eos_token_id)
+    if (Path(folder) / "tokenizer.json").is_file() or \
+            (Path(folder) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        eng.tokenizer = eng.out.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+
+
+def autotune(eng: Engine) -> str:
+    """Measure every machine-dependent "auto" (GEMM path...) on the real weights, or read the
+    per-machine cache (engine/autotune.py); the choices and timings are the detail. A measured
+    thread count on a CPU engine with ``contention="adapt"`` gets a contention monitor."""
+    from workbench.engine import autotune as tune
+
+    found = tune.autotune(eng)
+    eng.choices = {name: c.to_dict() for name, c in found.items()}
+    threads = found["threads"]
+    if threads.source in ("measured", "only") and eng.config.contention == "adapt" and \
+            eng.runner.device.type == "cpu":
+        eng.contention = ContentionMonitor(int(threads.candidates[0]),
+                                           lambda: gemm_passes(eng),
+                                           on_change=lambda a: threads_adapted(eng, a))
+    return tune.describe(found)
+
+
+def gemm_passes(eng: Engine) -> dict[str, Callable[[], None]]:
+    """The two GEMM shapes the contention monitor times: one decode row and one verify tree."""
+    from workbench.engine.contention import gemm_pass
+
+    target = eng.runner.target
+    assert target is not None  # the autotune stage runs after load_target
+    return {"decode M=1": gemm_pass(target, 1), "verify M=16": gemm_pass(target, 16)}
+
+
+def threads_adapted(eng: Engine, a: Adaptation) -> None:
+    """The contention monitor re-measured the thread count: the choice says so. It is
+    provisional only when measured under contention (a drift-triggered re-measurement on a
+    quiet machine is a quiet measurement, and --strict must not refuse a quiet run for it)."""
+    from workbench.engine import autotune as tune
+
+    eng.choices["threads"] = tune.Choice(
+        "threads", str(a.after), "measured" if a.timings_ms else "only",
+        tuple(str(n) for n in a.timings_ms) or (str(a.after),),
+        {str(n): t for n, t in a.timings_ms.items()},
+        note=f"re-measured: {a.reason}" + (f"; pinned to CPU(s) {a.cpus}, the least busy"
+                                           if a.cpus else ""),
+        provisional=bool(a.conditions["contended"]),
+        conditions={**a.conditions, "cpu": tune.cpu_model(), "cpus": a.cpus}).to_dict()
+
+
+def allocate_kv(eng: Engine) -> None:
+    """The KV pool and the scheduler over it; a request's context is capped at the pool."""
+    assert eng.model_config is not None
+    pool = eng.runner.allocate_kv(eng.model_config)
+    cfg = eng.config
+    eng.scheduler = eng.out.scheduler = Scheduler(pool, cfg.max_batch_size,
+                                                  cfg.max_prefill_tokens)
+    # A request alone must always fit the pool, or preemption could never make room for it
+    # (it would wait forever): cap its context at the pool's capacity ("length" finish).
+    eng.max_model_len = eng.out.max_model_len = min(eng.max_model_len,
+                                                    pool.num_blocks * pool.page_size)
+
+
+def attention_backend(eng: Engine) -> str:
+    assert eng.model_config is not None  # load_config ran
+    return eng.runner.attention_backend(eng.model_config)
+
+
+def compile_forward(eng: Engine) -> str:
+    """CPU: the Inductor-compiled bs=1 decode forward per ``EngineConfig.compile``
+    (engine/compiled.py). A compile that fails or overruns its budget leaves the runner eager,
+    named in the detail; the self-check then runs through whichever path won."""
+    from workbench.engine import autotune as tune
+    from workbench.engine import compiled
+
+    choice = compiled.compile_stage(eng.runner, tune.cache_key(eng))
+    eng.choices["compile"] = choice.to_dict()
+    return choice.detail()
+
+
+def self_check(eng: Engine) -> None:
+    """Four greedy tokens, plain and (with a draft) speculative, must agree; then the stats and
+    the step counter start from zero."""
+    if not eng.config.self_check:
+        return
+    assert eng.model_config is not None
+    prompt = list(range(1, min(9, eng.model_config.vocab_size)))
+    sp = SamplingParams(max_new_tokens=4)
+    plain = eng.generate([prompt], sp)[0].token_ids
+    if len(plain) != 4:
+        raise RuntimeError(f"self-check produced {len(plain)} tokens, expected 4")
+    if eng.runner.draft is not None:
+        spec = eng.generate([prompt], sp, spec=SpecConfig(num_steps=2, topk=2,
+                                                          num_draft_tokens=4))[0].token_ids
+        if spec != plain:
+            raise RuntimeError(f"self-check: speculative output {spec} != plain {plain}")
+    eng.stats.reset()
+    eng.step_id = 0
+    eng.worker.plain_streak = 0
