@@ -27,7 +27,12 @@ from sglang_records import load_writer, meta_info, request_params  # noqa: E402
 SHAPE = (3, 1, 4)
 LEVELS = (1, 4, 16, 32)
 PLAIN_MS = {c: 20.0 + 0.5 * c for c in LEVELS}  # the box's true plain step
-SPEC_MS = {c: 20.0 + 0.5 * 4 * c + 3 * (1.0 + 0.2 * c) for c in LEVELS}  # target(4c)+3 drafts
+
+
+def spec_ms(c: int, tau: float) -> float:
+    """The box's true speculative step: target(4c) + 2 drafts of c rows + the extend of c·τ."""
+    return 20.0 + 0.5 * 4 * c + 2 * (1.0 + 0.2 * c) + (1.0 + 0.2 * c * tau)
+
 
 
 def _records(folder: Path, n: int = 24, seed: int = 0) -> list[int]:
@@ -55,11 +60,16 @@ def _records(folder: Path, n: int = 24, seed: int = 0) -> list[int]:
     return all_rounds
 
 
-def _threshold(tau: float) -> dict:
+def _threshold(tau: float, prompt: float = float(np.mean([30 + i % 7 for i in range(24)])),
+               out: float = 48.0) -> dict:
+    """A sweep's tok/s on that box: closed loops whose requests each pay their prefill once
+    (target(P); + the draft's extend of it when speculating) beside the decode steps."""
     rows = []
     for c in LEVELS:
-        rows.append({"arm": "baseline", "concurrency": c, "tok_s": 1e3 * c / PLAIN_MS[c]})
-        rows.append({"arm": "eagle3", "concurrency": c, "tok_s": 1e3 * c * tau / SPEC_MS[c],
+        plain = out * PLAIN_MS[c] + c * (20.0 + 0.5 * prompt)
+        spec = out / tau * spec_ms(c, tau) + c * (20.0 + 0.5 * prompt + 1.0 + 0.2 * prompt)
+        rows.append({"arm": "baseline", "concurrency": c, "tok_s": 1e3 * c * out / plain})
+        rows.append({"arm": "eagle3", "concurrency": c, "tok_s": 1e3 * c * out / spec,
                      "tau": tau})
     return {"rows": rows, "threshold": {}}
 
@@ -77,7 +87,7 @@ def test_fit_box_from_records_and_sweeps(tmp_path: Path) -> None:
     cm = CostModel.from_dict(run.cost_model)
     for c in LEVELS:  # the fitted model gives back the box's step times
         assert cm.plain_step_ms(c, warm=False) == pytest.approx(PLAIN_MS[c], rel=1e-6)
-        assert cm.spec_step_ms(c, *SHAPE, tau=tau) == pytest.approx(SPEC_MS[c], rel=0.02)
+        assert cm.spec_step_ms(c, *SHAPE, tau=tau) == pytest.approx(spec_ms(c, tau), rel=1e-6)
     # modelled acceptance: the measured shape's draws reproduce the rates
     m = run.accept_table(SHAPE)
     for d, (got, a) in enumerate(zip(depth_rates(m.tolist(), 3), want, strict=True), 1):

@@ -42,6 +42,7 @@ from workbench.policy.policies import Shape, check_shape, depth_rates, shape_nam
 from workbench.remote.adaptive import Tiers
 
 MAX_DEPTH = 64
+EAGLE_MAX_RUNNING = 48  # SGLang 0.5.9 / 0.5.23: EAGLE's max_running_requests default
 
 
 @dataclass
@@ -140,8 +141,13 @@ def _bench_rows(threshold: str | Path | Mapping[str, Any]) -> list[dict[str, Any
     return list(rows)
 
 
-def fit_steps(rows: Sequence[Mapping[str, Any]], shape: Shape, tau: float) -> CostModel:
-    """The cost model of the module doc from baseline / eagle3 tok/s per level."""
+def fit_steps(rows: Sequence[Mapping[str, Any]], shape: Shape, tau: float,
+              prompt_len: float = 0.0, output_len: float = 1.0) -> CostModel:
+    """The cost model of the module doc from baseline / eagle3 tok/s per level. A sweep's
+    tok/s include every request's prefill: a closed loop of c requests of ``prompt_len`` in and
+    ``output_len`` out takes c·O/tok_s = O·step(c) + c·prefill (plain; O/τ steps when
+    speculating), prefill = target(P) (+ draft(P), the draft's extend, when speculating) — the
+    replay prices it the same way, once."""
     base = {int(r["concurrency"]): float(r["tok_s"]) for r in rows if r["arm"] == "baseline"
             and r["tok_s"]}
     spec = {int(r["concurrency"]): (float(r["tok_s"]), float(r.get("tau") or tau))
@@ -149,19 +155,55 @@ def fit_steps(rows: Sequence[Mapping[str, Any]], shape: Shape, tau: float) -> Co
     if len(base) < 2 or not spec:
         raise ConfigError(f"--threshold-json: need baseline tok/s at two or more levels and "
                           f"eagle3 at one or more, got {sorted(base)} / {sorted(spec)}")
-    target = LinearCost.fit(list(base), [1e3 * c / t for c, t in base.items()])
+    o, p = float(output_len), float(prompt_len)
+    # life(c) = a·(O + c) + b·(O·c + c·P)
+    x = np.asarray([[o + c, o * c + c * p] for c in base])
+    y = np.asarray([1e3 * c * o / t for c, t in base.items()])
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if a < 0 or b < 0:  # one term at its bound: the other alone
+        k = 1 if a < 0 else 0
+        v = max(0.0, float(np.dot(x[:, k], y) / np.dot(x[:, k], x[:, k])))
+        a, b = (0.0, v) if k == 1 else (v, 0.0)
+    target = LinearCost(float(a), float(b))
     s, k, n = shape
-    x, resid = [], []
+    xd, rd = [], []
     for c, (tok_s, t) in spec.items():
-        ms = 1e3 * c * t / tok_s
-        x.append((s - 1) * c * k + c * t)
-        resid.append(max(ms - target(c * n), 0.0))
-    if len(x) > 1:
-        fit = LinearCost.fit(x, resid)
-        draft = LinearCost(fit.a / s, fit.b)
+        steps = o / t
+        life = 1e3 * c * o / tok_s
+        rd.append(life - steps * target(c * n) - c * target(p))
+        xd.append([steps * s + c, steps * ((s - 1) * c * k + c * t) + c * p])
+    xd_a, rd_a = np.asarray(xd), np.maximum(np.asarray(rd), 0.0)
+    if len(xd) > 1:
+        (da, db), *_ = np.linalg.lstsq(xd_a, rd_a, rcond=None)
     else:
-        draft = LinearCost(0.0, resid[0] / x[0])
-    return CostModel(target=target, draft=draft)
+        da, db = 0.0, float(rd_a[0] / xd_a[0, 1])
+    if da < 0 or db < 0:
+        kk = 1 if da < 0 else 0
+        v = max(0.0, float(np.dot(xd_a[:, kk], rd_a) / np.dot(xd_a[:, kk], xd_a[:, kk])))
+        da, db = (0.0, v) if kk == 1 else (v, 0.0)
+    return CostModel(target=target, draft=LinearCost(float(da), float(db)))
+
+
+def tau_band(tau: float, depth: int, steps: Sequence[int] = range(1, 8)) -> dict[str, list[float]]:
+    """Without a per-round histogram, τ of an S-step chain over every per-depth profile
+    consistent with τ at ``depth`` (P(accepting >= d) non-increasing): flat (one P for every
+    depth, rate 1 past the first) to front-loaded (all-or-nothing); beyond ``depth`` nothing is
+    known (τ up to the flat profile carried on)."""
+    x = (tau - 1.0) / depth
+    out = {}
+    for st in steps:
+        if st <= depth:
+            out[str(st)] = [1.0 + st * x, 1.0 + min(float(st), tau - 1.0)]
+        else:
+            out[str(st)] = [tau, tau + (st - depth) * x]
+    return out
+
+
+def _spread_evenly(records: Any) -> bool:
+    """Every request's rounds within one of each other: the evenly spread approximation a
+    record without ``spec_correct_drafts_histogram`` gets (remote.sglang)."""
+    seen = [lens for lens in records["accept_lengths"] if lens and len(lens) > 1]
+    return bool(seen) and all(max(lens) - min(lens) <= 1 for lens in seen)
 
 
 def geometric_rate(tau: float, depth: int) -> float:
@@ -176,29 +218,50 @@ def geometric_rate(tau: float, depth: int) -> float:
 
 
 def fit_box(threshold: str | Path | Mapping[str, Any], records: Any, shape: Sequence[int],
-            seed: int = 0) -> BoxRun:
+            seed: int = 0, max_running_requests: int = EAGLE_MAX_RUNNING,
+            histogram: bool | None = None) -> BoxRun:
     """A :class:`BoxRun` from ``bench threshold --url`` output and a ``requests`` frame
-    (``read_request_metrics``) of the EAGLE-3 server running ``shape``."""
+    (``read_request_metrics``) of the EAGLE-3 server running ``shape``.
+    ``max_running_requests``: the EAGLE-3 server's cap (SGLang's default for EAGLE is 48);
+    the replay runs no more requests at once. ``histogram``: whether the records carry
+    ``spec_correct_drafts_histogram`` (None: told from the rounds — evenly spread rounds are
+    the approximation a record without one gets)."""
     s, k, n = check_shape(tuple(shape), "--shape")
     if records is None or len(records) == 0:
         raise ConfigError("--records: no request records (SGLang --export-metrics-to-file)")
+    if max_running_requests < 1:
+        raise ConfigError(f"--max-running-requests: must be >= 1, got {max_running_requests}")
     depth = min(s, n - 1)
     notes = []
-    rounds = [int(t) - 1 for lens in records["accept_lengths"] for t in (lens or [])]
+    if histogram is None:
+        histogram = not _spread_evenly(records)
+    rounds = [int(t) - 1 for lens in records["accept_lengths"] for t in (lens or [])] \
+        if histogram else []
+    tau_mean = float(np.nanmean(records["tau"])) if len(records) else float("nan")
+    band = None
     if rounds:
         rates = tuple(depth_rates(rounds, depth))
         rates = rates + (rates[-1],) * (depth - len(rates)) if rates else (0.0,)
         source = f"per-round accept lengths of {len(records)} requests ({len(rounds)} rounds)"
     else:
-        tau = float(np.nanmean(records["tau"]))
-        rates = (geometric_rate(tau, depth),) * depth
-        source = f"per-request τ only (mean {tau:.3f}): one rate for every depth"
-        notes.append("acceptance from per-request aggregates: " + source)
+        rates = (geometric_rate(tau_mean, depth),) * depth
+        band = tau_band(tau_mean, depth)
+        source = f"per-request τ only (mean {tau_mean:.3f}): one rate for every depth"
+        notes.append(f"no per-round histogram (SGLang before 0.5.23 sends none): τ {tau_mean:.3f} "
+                     f"at {depth} steps is measured, every other chain's τ is a band "
+                     f"(meta tau_band) and replays at one rate per depth inside it")
     tau_all = tau_of(rates)
-    cm = fit_steps(_bench_rows(threshold), (s, k, n), tau_all)
+    p, o = float(np.mean(records["prompt_len"])), float(np.mean(records["output_len"]))
+    cm = fit_steps(_bench_rows(threshold), (s, k, n), tau_all, p, o)
+    notes.append(f"prefill: the sweep's tok/s include it; priced once as target({p:.0f}) per "
+                 f"request (+ the draft's extend), the records' mean prompt")
+    meta = {"acceptance": source, "tau": tau_all, "histogram": bool(histogram),
+            "max_running_requests": int(max_running_requests)}
+    if band is not None:
+        meta["tau_band"] = band
     return BoxRun((s, k, n), [int(x) for x in records["prompt_len"]],
                   [int(x) for x in records["output_len"]], rates, cm.to_dict(), seed,
-                  {"acceptance": source, "tau": tau_all}, notes)
+                  meta, notes)
 
 
 # -- SGLang adaptive tiers -------------------------------------------------------------------

@@ -69,6 +69,9 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
     f.add_argument("--shape", required=True, metavar="S,K,N",
                    help="the EAGLE-3 server's --speculative-num-steps/eagle-topk/num-draft-tokens")
     f.add_argument("--out", required=True, metavar="BOXRUN")
+    f.add_argument("--max-running-requests", type=int, default=48, metavar="N",
+                   help="the EAGLE-3 server's --max-running-requests (SGLang's EAGLE default: "
+                        "48); the replay runs no more requests at once")
     f.set_defaults(fn=cmd_fit_box)
     b = verbs.add_parser("box", help="a box's step model: fitted constants, predictions with "
                                      "their bands, tok/s per level (docs/LAB.md)")
@@ -182,6 +185,13 @@ def cmd_replay(ns: argparse.Namespace) -> int:
         print(df[cols].round(3).to_string(index=False))
     for note in getattr(run, "notes", []):
         print(f"modelled: {note}")
+    for c, g in df.groupby("concurrency"):
+        first = g.iloc[0]
+        if bool(first.get("capped", False)):
+            print(f"c={c}: above the server's running-request cap {first['batch_cap']}: run "
+                  f"as the server runs it ({first['batch_cap']} at once, the rest queue)")
+        if first.get("bound", "oracle") != "oracle":
+            print(f"c={c}: {first['bound_note']}")
     acc = df.attrs["acceptance"]
     print(f"\nτ measured on the recording (first 8 prompts, always): {acc['tau']:.2f}; step "
           f"times modelled from the run's cost model; machine of the recording: "
@@ -216,10 +226,12 @@ def tiers_out(df: Any, results: dict[Any, Any], path: str, name: str | None) -> 
 
 def cmd_fit_box(ns: argparse.Namespace) -> int:
     from workbench.lab.box import fit_box
-    from workbench.remote.records import read_request_metrics
+    from workbench.remote.records import iter_records, read_request_metrics
 
     shape = shape_arg(ns.shape, "--shape")
-    run = fit_box(ns.threshold_json, read_request_metrics(ns.records), shape)
+    hist = any(rec.get("spec_correct_drafts_histogram") for _, rec in iter_records(ns.records))
+    run = fit_box(ns.threshold_json, read_request_metrics(ns.records), shape,
+                  max_running_requests=ns.max_running_requests, histogram=hist)
     out = run.save(ns.out)
     cm = run.cost_model
     print(f"box run: {len(run.output_lens)} requests, per-depth acceptance "
