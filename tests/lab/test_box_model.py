@@ -114,3 +114,19 @@ def test_level_refuses_bad_input(seeds_box: dict) -> None:
         level(seeds_box, 0)
     with pytest.raises(ConfigError):
         level(seeds_box, 1, tau=9.0)
+
+
+def test_lab_box_fits_a_measured_sweep(seeds_box: dict) -> None:
+    """`lab box --threshold-json`: a sweep of the box itself (here the model's own tok/s at
+    known constants) gives those constants back, with leave-one-out over its rows."""
+    truth = set_field(set_field(seeds_box, "fit.floor_ms=3.0"), "fit.attn_ns=5.0")
+    df = what_if(truth, [1, 4, 16, 64], tau=2.0)
+    rows = [{"arm": arm, "concurrency": int(r["concurrency"]), "tok_s": float(r[col]),
+             "tau": 2.0} for _, r in df.iterrows()
+            for arm, col in (("baseline", "plain_tok_s"), ("eagle3", "spec_tok_s"))]
+    rep = box_report("seeds", threshold={"rows": rows})
+    assert rep["fitted"]["floor_ms"] == pytest.approx(3.0, rel=1e-3)
+    assert rep["fitted"]["attn_ns"] == pytest.approx(5.0, rel=1e-3)
+    assert len(rep["loo"]) == 8 and all(abs(r["error"]) < 1e-3 for r in rep["loo"])
+    with pytest.raises(ConfigError, match="no τ"):
+        box_report("seeds", threshold={"rows": [{**r, "tau": None} for r in rows]})

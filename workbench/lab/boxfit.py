@@ -203,10 +203,13 @@ def tau_band(box: dict[str, Any], obs: list[dict[str, Any]],
 
 def crossing_band(box: dict[str, Any], obs: list[dict[str, Any]], band: list[float],
                   steps: int = 5) -> dict[str, Any]:
-    """The crossing concurrency at the ends (and inside) of a τ band, each with its own fit."""
+    """The crossing concurrency at the ends (and inside) of a τ band, each with its own fit
+    (to FIT_KEYS when the numbers have them, else to every number)."""
+    have = {o["key"] for o in obs}
+    keys = FIT_KEYS if set(FIT_KEYS) <= have else tuple(o["key"] for o in obs)
     points = []
     for t in np.linspace(band[0], band[1], steps):
-        res = fit(box, obs, float(t))
+        res = fit(box, obs, float(t), keys)
         points.append({"tau": float(t), "crossing": crossing(res["box"], float(t))})
     found = [p["crossing"] for p in points if p["crossing"] is not None]
     lo, hi = (min(found), max(found)) if found else (None, None)

@@ -62,12 +62,45 @@ def policy_rows(box: dict[str, Any], tau: float, levels: Sequence[int]) -> list[
     return out
 
 
+def sweep_numbers(threshold: Any, records: Any = None) -> tuple[list[dict[str, Any]],
+                                                                float | None, dict[str, float]]:
+    """A ``bench threshold --url`` sweep as numbers to fit (one per arm and level), the τ of
+    the EAGLE-3 server (its records' mean accept length, else the sweep's), and the workload
+    the records show (mean prompt and output tokens)."""
+    import numpy as np
+
+    from workbench.lab.box import _bench_rows
+
+    obs, taus = [], []
+    for r in _bench_rows(threshold):
+        if r["arm"] not in ("baseline", "eagle3") or not r["tok_s"]:
+            continue
+        mode = "plain" if r["arm"] == "baseline" else "spec"
+        obs.append({"key": f"{r['arm']}_c{int(r['concurrency'])}", "value": float(r["tok_s"]),
+                    "unit": "tok/s", "mode": mode, "concurrency": int(r["concurrency"]),
+                    "state": {}, "sentence": "bench threshold --url row"})
+        if r.get("tau"):
+            taus.append(float(r["tau"]))
+    work: dict[str, float] = {}
+    tau = float(np.mean(taus)) if taus else None
+    if records is not None and len(records):
+        tau = float(np.nanmean(records["tau"]))
+        work = {"prompt_len": float(np.mean(records["prompt_len"])),
+                "output_len": float(np.mean(records["output_len"]))}
+    return obs, tau, work
+
+
 def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                seeds: str | Path | None = None, tau: float | None = None,
-               fit_keys: Sequence[str] = FIT_KEYS) -> dict[str, Any]:
+               fit_keys: Sequence[str] = FIT_KEYS, threshold: Any = None,
+               records: Any = None) -> dict[str, Any]:
     """The report of the module doc. ``seeds``: a numbers file (default ``data/seeds`` for the
-    seeds preset, none otherwise); ``tau``: the speculative τ (default the workload's)."""
+    seeds preset, none otherwise); ``tau``: the speculative τ (default the workload's);
+    ``threshold`` (+ ``records``, a ``read_request_metrics`` frame): a measured sweep of this
+    box instead — both constants fitted to every row, τ and the workload from the records."""
     box = with_sets(load_box(preset), list(sets))
+    if threshold is not None:
+        return _sweep_report(box, preset, sets, threshold, records, tau)
     tau = float(box["workload"]["tau"] if tau is None else tau)
     levels = [int(c) for c in box["workload"]["levels"]]
     if seeds is None and str(preset) == "seeds":
@@ -100,6 +133,30 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
     out["what_if"] = df.to_dict(orient="records")
     out["policies"] = policy_rows(box, tau, levels)
     return out
+
+
+def _sweep_report(box: dict[str, Any], preset: Any, sets: Sequence[str], threshold: Any,
+                  records: Any, tau: float | None) -> dict[str, Any]:
+    obs, t, work = sweep_numbers(threshold, records)
+    tau = t if tau is None else tau
+    if tau is None:
+        raise ConfigError("lab box --threshold-json: no τ (give --records, the EAGLE-3 "
+                          "server's request records, or --tau)")
+    for key, v in work.items():
+        box = with_sets(box, [f"workload.{key}={round(v)}"])
+    res = fit(box, obs, tau, tuple(o["key"] for o in obs))
+    for row in res["numbers"]:
+        row["band"] = [row["predicted"], row["predicted"]]
+    levels = sorted({int(o["concurrency"]) for o in obs})
+    return {"box": box.get("name"), "preset": str(preset), "sets": list(sets), "tau": tau,
+            "rules": rules(box), "provenance": box.get("provenance"),
+            "fitted": {"floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
+                       "from": [o["key"] for o in obs]},
+            "numbers": res["numbers"], "loo": res["loo"],
+            "tau_band": {"band": [tau, tau], "narrow_with": "measured (records or sweep)"},
+            "fusion": {}, "crossing": crossing_band(res["box"], obs, [tau, tau], steps=1),
+            "what_if": what_if(res["box"], levels, tau).to_dict(orient="records"),
+            "policies": policy_rows(res["box"], tau, levels)}
 
 
 def print_report(rep: dict[str, Any]) -> None:

@@ -82,6 +82,10 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
     b.add_argument("--seeds", default=None, metavar="NUMBERS.json",
                    help="measured numbers to fit (default: data/seeds for --preset seeds)")
     b.add_argument("--tau", type=float, default=None, help="τ (default: the workload's)")
+    b.add_argument("--threshold-json", default=None, metavar="DIR|threshold.json",
+                   help="fit the box's two constants to this `bench threshold --url` sweep")
+    b.add_argument("--records", default=None, metavar="DIR|FILE",
+                   help="with --threshold-json: the EAGLE-3 server's records (τ, lengths)")
     b.add_argument("--json", action="store_true", help="the whole report as one JSON object")
     b.set_defaults(fn=cmd_box)
 
@@ -248,7 +252,13 @@ def cmd_fit_box(ns: argparse.Namespace) -> int:
 def cmd_box(ns: argparse.Namespace) -> int:
     from workbench.lab.boxreport import box_report, print_report
 
-    rep = box_report(ns.preset, ns.set, ns.seeds, ns.tau)
+    records = None
+    if ns.records:
+        from workbench.remote.records import read_request_metrics
+
+        records = read_request_metrics(ns.records)
+    rep = box_report(ns.preset, ns.set, ns.seeds, ns.tau, threshold=ns.threshold_json,
+                     records=records)
     if ns.json:
         print(json.dumps(rep, default=float))
         return 0
