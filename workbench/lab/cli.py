@@ -88,6 +88,17 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
                    help="with --threshold-json: the EAGLE-3 server's records (τ, lengths)")
     b.add_argument("--json", action="store_true", help="the whole report as one JSON object")
     b.set_defaults(fn=cmd_box)
+    fc = verbs.add_parser("formcheck", help="the box's step-model form on this CPU: fit the "
+                                            "engine's forwards over a grid, predict held-out")
+    fc.add_argument("--models", default="data/models/wb-target,data/models/wb-moe",
+                    metavar="DIR,...", help="targets to time (dense and MoE)")
+    fc.add_argument("--repeats", type=int, default=7, help="runs per point (the minimum)")
+    fc.add_argument("--grid", default="1,2,4,8;1,4;32,128,384", metavar="R...;Q...;C...",
+                    help="requests; new tokens per request; context tokens")
+    fc.add_argument("--threads", type=int, default=None, help="engine threads")
+    fc.add_argument("--out", default=None, metavar="FILE.json",
+                    help="result file (default data/results/formcheck-<machine kind>.json)")
+    fc.set_defaults(fn=cmd_formcheck)
 
 
 def shape_arg(text: str, flag: str) -> tuple[int, int, int]:
@@ -263,4 +274,35 @@ def cmd_box(ns: argparse.Namespace) -> int:
         print(json.dumps(rep, default=float))
         return 0
     print_report(rep)
+    return 0
+
+
+def cmd_formcheck(ns: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from workbench.lab.boxspec import REPO_ROOT
+    from workbench.lab.formcheck import formcheck
+    from workbench.machine import machine_kind
+
+    try:
+        grid = tuple([int(x) for x in part.split(",")] for part in ns.grid.split(";"))
+        if len(grid) != 3 or min(min(g) for g in grid) < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--grid: expected R,...;Q,...;C,... of integers >= 1, got "
+                          f"{ns.grid!r}") from None
+    if ns.repeats < 1:
+        raise ConfigError(f"--repeats: must be >= 1, got {ns.repeats}")
+    res = formcheck([m for m in ns.models.split(",") if m], ns.repeats, grid,  # type: ignore[arg-type]
+                    ns.threads)
+    out = Path(ns.out) if ns.out else \
+        REPO_ROOT / "data" / "results" / f"formcheck-{machine_kind()}.json"
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    for m, v in res["models"].items():
+        errs = ", ".join(f"{r['error']:+.1%}" for r in v["held_out"])
+        print(f"{m}: held-out errors {errs} "
+              f"(max {v['max_held_out_error']:.1%}; fit max {v['max_fit_error']:.1%}): "
+              f"{'within' if v['within'] else 'NOT within'} ±{res['tolerance']:.0%}")
+    print(f"machine {res['machine'].get('cpu')}; load {res['load_before']} → "
+          f"{res['load_after']} (figures under load are provisional); saved {out}")
     return 0
