@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the API key from this file (its first line)")
     s.add_argument("--incremental-streaming-output", action="store_true",
                    help="/generate streams send only what is new in each chunk (SGLang's flag)")
+    s.add_argument("--latency-buckets", choices=["sglang", "fine"], default="sglang",
+                   help="buckets of the TTFT / inter-token / end-to-end histograms: SGLang's, "
+                        "or SGLang's with finer ones below them (stated on /server_info)")
     s.add_argument("--max-logprob-entries", type=int, default=1 << 20,
                    help="log-probability entries (token + alternatives, per position) one "
                         "answer may send in all; beyond: 400 before any work")

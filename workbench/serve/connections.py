@@ -84,11 +84,12 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
         _last_active = 0.0
         _unsent = 0
         _progress_at = 0.0
+        request_arrival = 0.0  # perf_counter when the current request's first bytes were read
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             self._raw = transport
             self._head = bytearray()
-            self._last_active = time.monotonic()
+            self._last_active = time.perf_counter()
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -136,7 +137,7 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
             return int(self._raw.get_write_buffer_size()) + struct.unpack("i", queued)[0]
 
         def data_received(self, data: bytes) -> None:
-            self._last_active = time.monotonic()
+            self._last_active = time.perf_counter()
             CONNECTION.set(self)  # the request task uvicorn starts below copies this context
             if self.lingering:
                 self._lingered += len(data)
@@ -146,6 +147,7 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
             if self.conn.their_state is h11.IDLE:
                 if not self._head:
                     self._arm(read_s, "request not received")  # a request starts
+                    self.request_arrival = self._last_active  # its latency counts from here
                 start = max(len(self._head) - 3, 0)
                 self._head += data
                 end = self._head.find(b"\r\n\r\n", start)

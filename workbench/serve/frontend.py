@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from workbench.errors import RequestError
 from workbench.sampler import bias_problem
 from workbench.serve.connections import CONNECTION
+from workbench.serve.latency import CLOCK
 from workbench.serve.limits import ServeLimits, logprob_entries
 from workbench.serve.loop import (
     Admitted,
@@ -138,11 +139,12 @@ class ServeState:
         except LoopClosed:
             raise HTTPError(loop_down(self.loop), None, 503) from None
 
-    async def admit(self, parsed: ParsedRequest, request: Any = None,
+    async def admit(self, parsed: ParsedRequest, request: Any = None, index: int = 0,
                     ) -> tuple[Ticket, AsyncSink, Admitted]:
         """Submit ``parsed`` and wait until the engine has it. With ``request`` (the HTTP
         request, body read), a client that goes away while its request still waits for a
-        batch slot aborts it there (it leaves the queue) and raises ClientDisconnect."""
+        batch slot aborts it there (it leaves the queue) and raises ClientDisconnect.
+        ``index``: the choice of the HTTP request it is (its latencies: :data:`CLOCK`)."""
         sink = AsyncSink()
         if self.loop.max_pending is not None and self.loop.num_pending >= self.loop.max_pending:
             raise HTTPError(f"server: {self.loop.num_pending} requests are queued or running; "
@@ -172,6 +174,9 @@ class ServeState:
                 raise HTTPError(f"server: {first.message}", None, first.status)
             raise admission_error(first.message, parsed.prompt_field)
         assert isinstance(first, Admitted)
+        clock = CLOCK.get()
+        if clock is not None:
+            clock.admitted(index, parsed.stream)
         return ticket, sink, first
 
     async def _first(self, ticket: Ticket, sink: AsyncSink, request: Any) -> object:
@@ -241,7 +246,14 @@ class ServeState:
             if gathered not in done:
                 gathered.cancel()
                 return None
-            return list(gathered.result())
+            got = list(gathered.result())
+            clock = CLOCK.get()
+            if clock is not None:
+                for i, c in enumerate(got):
+                    m = c.output.metrics if c.output is not None else None
+                    if m is not None:
+                        clock.engine_times(i, m.first_token, m.token_times)
+            return got
         finally:
             watcher.cancel()
             for ticket, _ in pairs:
@@ -261,6 +273,14 @@ class ServeState:
                     yield item
         finally:
             self.loop.abort(ticket)
+
+
+def note(index: int, chunk: Chunk) -> None:
+    """The streamed body write about to happen carries ``chunk`` of choice ``index`` (its
+    latencies are observed when the write completes: :mod:`workbench.serve.latency`)."""
+    clock = CLOCK.get()
+    if clock is not None:
+        clock.note(index, len(chunk.token_ids))
 
 
 async def disconnected(request: Any) -> None:

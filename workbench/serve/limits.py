@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from workbench.core import LogprobParams
 from workbench.errors import ConfigError
-from workbench.serve.connections import guarded_h11
+from workbench.serve.connections import CONNECTION, guarded_h11
+from workbench.serve.latency import CLOCK, RequestClock
 from workbench.serve.protocol import HTTPError, parse_json_object
+from workbench.serve.sglang_metrics import ServeMetrics
 from workbench.serve.web import JSONResponse, uvicorn
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,8 @@ class ServeLimits:
     max_logprob_entries: int = 1 << 20
     # SGLang's --incremental-streaming-output: /generate streams send only what is new
     incremental_streaming: bool = False
+    # the latency histograms' buckets: SGLang's, or "fine" (finer low bounds; sglang_metrics)
+    latency_buckets: str = "sglang"
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_waiting", "limit_concurrency", "max_header_bytes",
@@ -67,6 +72,9 @@ class ServeLimits:
                                   f"got {v!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ConfigError("ServeLimits.api_key: must be a non-empty string or None")
+        if self.latency_buckets not in ("sglang", "fine"):
+            raise ConfigError("ServeLimits.latency_buckets: 'sglang' or 'fine', got "
+                              f"{self.latency_buckets!r}")
         if not isinstance(self.incremental_streaming, bool):
             raise ConfigError("ServeLimits.incremental_streaming: must be true or false, got "
                               f"{self.incremental_streaming!r}")
@@ -106,9 +114,11 @@ class LimitsGuard:
 
     OPEN = ("/health",)  # liveness probes need no key (as SGLang) and are never refused
 
-    def __init__(self, app: Any, limits: ServeLimits) -> None:
+    def __init__(self, app: Any, limits: ServeLimits, metrics: ServeMetrics | None = None,
+                 ) -> None:
         self.app = app
         self.limits = limits
+        self.metrics = metrics  # the latency histograms each request's RequestClock observes
         self.key = None if limits.api_key is None else limits.api_key.encode()
         self.in_progress = 0
 
@@ -142,10 +152,22 @@ class LimitsGuard:
                 [(b"retry-after", str(self.limits.retry_after_s).encode())])
             return
         self.in_progress += 1
+        conn = CONNECTION.get()
+        arrival = getattr(conn, "request_arrival", None) or time.perf_counter()
+        clock = RequestClock(arrival, self.metrics) if self.metrics is not None else None
+        CLOCK.set(clock)
+
+        async def timed_send(msg: Any) -> None:
+            await send(msg)
+            if clock is not None and msg["type"] == "http.response.body":
+                clock.written(time.perf_counter(), not msg.get("more_body", False))
+
         try:
-            await self.guarded(scope, receive, send)
+            await self.guarded(scope, receive, timed_send)
         finally:
             self.in_progress -= 1
+            if clock is not None:
+                clock.close()
 
     async def guarded(self, scope: Any, receive: Any, send: Any) -> None:
         headers = dict(scope["headers"])

@@ -132,7 +132,7 @@ class EngineLoop:
 
     def __init__(self, engine: Engine, idle_wait_s: float = 0.05, max_pending: int | None = None,
                  on_fatal: Callable[[str], None] | None = None,
-                 max_running: int | None = None) -> None:
+                 max_running: int | None = None, metrics: ServeMetrics | None = None) -> None:
         if max_pending is not None and (not isinstance(max_pending, int) or max_pending < 1):
             raise ValueError(f"max_pending: must be an integer >= 1 or None, got {max_pending!r}")
         self.engine = engine
@@ -158,7 +158,8 @@ class EngineLoop:
         self.prompt_tokens_total = 0
         self.requests_total = 0
         self.finished_total: dict[str, int] = {}
-        self.metrics = ServeMetrics()  # latency histograms, gen_throughput (loop thread only)
+        # gen_throughput (this thread); the latency histograms (the HTTP side: serve/latency.py)
+        self.metrics = metrics or ServeMetrics()
         self.profile = StepProfile()  # step time by batch kind (loop thread only)
         self.backpressure = Backpressure()  # held streams (loop thread only)
         self._cmds: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -457,9 +458,6 @@ class EngineLoop:
         out = self.engine.output(rid)
         reason = out.finish_reason or "abort"
         self.finished_total[reason] = self.finished_total.get(reason, 0) + 1
-        m = out.metrics
-        self.metrics.on_finish(t.submitted, m.first_token, m.token_times, time.perf_counter(),
-                               t.stream)
         # The engine keeps every request it has seen (there is no Engine.release(rid) yet);
         # forget finished ones so a long-running server does not grow without bound.
         self.engine.requests.pop(rid, None)

@@ -34,6 +34,7 @@ from workbench.serve.frontend import (
     AsyncSink,
     ServeState,
     check_failed,
+    note,
 )
 from workbench.serve.loop import Chunk, Ticket
 from workbench.serve.openai_protocol import OpenAIRequest, parse_chat, parse_completion
@@ -162,7 +163,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                     parsed = ParsedRequest(p, req.choice_sampling(j), req.stream, field,
                                            logprobs=lp, fanout=len(prompts) * req.n,
                                            logprobs_field=lp_field)
-                    ticket, sink, adm = await st.admit(parsed, request)
+                    ticket, sink, adm = await st.admit(parsed, request, i * req.n + j)
                     choices.append(_Choice(i * req.n + j, ticket, sink, adm.prompt_tokens))
         except BaseException:
             for c in choices:
@@ -299,6 +300,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                     sent_toks[c.index] = len(out.token_ids)
                 if chunk.finished:
                     done_toks[c.index] = len(chunk.token_ids)
+                note(c.index, chunk)
                 yield sse({**head, "choices": [{
                     "index": c.index, "text": text + delta, "logprobs": lp,
                     "finish_reason": openai_finish_reason(chunk.finish_reason)
@@ -371,6 +373,7 @@ def add_openai_routes(app: FastAPI, st: ServeState, name: str,
                     sent_toks[c.index] = len(chunk.output.token_ids)
                 if chunk.finished:
                     done_toks[c.index] = len(chunk.token_ids)
+                note(c.index, chunk)
                 yield event(c, {"content": delta} if delta else {},
                             openai_finish_reason(chunk.finish_reason) if chunk.finished
                             else None, lp, len(chunk.token_ids))

@@ -61,6 +61,7 @@ from workbench.serve.loop import EngineLoop
 from workbench.serve.openai_api import add_openai_routes
 from workbench.serve.protocol import HTTPError
 from workbench.serve.sglang_api import add_sglang_routes
+from workbench.serve.sglang_metrics import ServeMetrics
 from workbench.serve.web import (
     ClientDisconnect,
     FastAPI,
@@ -89,7 +90,7 @@ def build_app(loop: EngineLoop, name: str = "workbench",
     st = ServeState(loop, name, limits)
     app = FastAPI(title="workbench", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.workbench = st
-    app.add_middleware(LimitsGuard, limits=limits)
+    app.add_middleware(LimitsGuard, limits=limits, metrics=loop.metrics)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Any, exc: HTTPError) -> Any:
@@ -213,7 +214,7 @@ def make_loop(engine: Engine, limits: ServeLimits,
     """The engine loop with the waiting bound: max_batch_size running + ``max_waiting``."""
     return EngineLoop(engine, max_pending=engine.config.max_batch_size + limits.max_waiting,
                       max_running=engine.config.max_batch_size,
-                      on_fatal=on_fatal)
+                      on_fatal=on_fatal, metrics=ServeMetrics(limits.latency_buckets))
 
 
 def start_server(engine: Engine, host: str = "127.0.0.1", port: int = 0, *,
@@ -291,7 +292,8 @@ def limits_from_args(ns: argparse.Namespace) -> ServeLimits:
                        health_step_s=ns.health_step_timeout, api_key=api_key_from_args(ns),
                        max_logprob_entries=ns.max_logprob_entries,
                        max_connections=ns.max_connections, write_timeout_s=ns.write_timeout,
-                       incremental_streaming=ns.incremental_streaming_output)
+                       incremental_streaming=ns.incremental_streaming_output,
+                       latency_buckets=ns.latency_buckets)
 
 
 def spec_from_args(ns: argparse.Namespace) -> Any:

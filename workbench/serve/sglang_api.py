@@ -21,7 +21,13 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from workbench.serve.frontend import AbortingStream, ServeState, check_failed, loop_down
+from workbench.serve.frontend import (
+    AbortingStream,
+    ServeState,
+    check_failed,
+    loop_down,
+    note,
+)
 from workbench.serve.loop import Chunk
 from workbench.serve.metrics import render, snapshot
 from workbench.serve.protocol import HTTPError, ParsedRequest, parse_generate
@@ -98,6 +104,7 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
     async def info() -> Any:
         return await st.call(lambda e: {**server_info(e, name),
                                         "step_profile": loop.profile.snapshot(),
+                                        "latency_buckets": loop.metrics.describe(),
                                         "backpressure": loop.backpressure.snapshot()})
 
     @app.get("/metrics")
@@ -147,6 +154,7 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
                 async for c in st.chunks(ticket, sink):
                     make = functools.partial(body, c, *((sent_ids, sent_text) if incremental
                                                         else (0, "")))
+                    note(0, c)
                     # log-probability tables are built and serialized off the event loop
                     yield sse(make()) if parsed.logprobs is None else \
                         await st.encode(make, True)

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from workbench.serve.frontend import AbortingStream, AsyncSink, ServeState, check_failed
+from workbench.serve.frontend import AbortingStream, AsyncSink, ServeState, check_failed, note
 from workbench.serve.loop import Chunk, Ticket
 from workbench.serve.protocol import HTTPError, ParsedRequest, parse_generate, type_name
 from workbench.serve.responses import sse
@@ -157,8 +157,8 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
     live.check_free(rids)
     admitted: list[tuple[Ticket, AsyncSink, int]] = []
     try:
-        for p in parsed:
-            ticket, sink, adm = await st.admit(p, request)
+        for i, p in enumerate(parsed):
+            ticket, sink, adm = await st.admit(p, request, i)
             admitted.append((ticket, sink, adm.prompt_tokens))
     except BaseException:
         for ticket, _, _ in admitted:
@@ -192,6 +192,7 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
     async def events() -> AsyncIterator[bytes]:
         try:
             async for i, c in merged(st, [(t, s) for t, s, _ in admitted]):
+                note(i, c)
                 yield sse({**bodies[i](c), "index": i})
             yield sse("[DONE]")
         finally:
