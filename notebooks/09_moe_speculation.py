@@ -141,13 +141,15 @@ for name, e in engines.items():
 # %% [markdown]
 # ## 4. The seeds' box, what-if
 # Kimi-K2.5 with INT4 experts (61 layers, 60 of them MoE, 384 experts, top-8, one shared
-# expert) over 8 GPUs of 8 TB/s each, memory-bound: bytes / bandwidth. It leaves out the
-# all-reduce between the 8 ranks (the seeds' box paid it over PCIe), attention and KV reads,
-# and expert imbalance (docs/MOE.md) — each of which makes a verify costlier still.
+# expert) over the seeds' 8 RTX PRO 6000 Blackwell GPUs of 1,792 GB/s each, memory-bound:
+# bytes / bandwidth. It leaves out the all-reduce between the 8 ranks (the seeds' box paid it
+# over PCIe), attention and KV reads, and expert imbalance (docs/MOE.md) — each of which makes
+# a verify costlier still. The box with those terms, fitted to the seeds' numbers, is
+# notebook 10 (`python -m workbench lab box --preset seeds`).
 
 # %%
 box = what_if(KIMI_K25_INT4, [1, 2, 4, 8, 16, 32, 64, 128], num_draft_tokens=n,
-              hbm_gbps=8000, tp=8)
+              hbm_gbps=1792, tp=8)
 F.cost_ratio(box.assign(target=KIMI_K25_INT4.name))
 
 # %%

@@ -24,7 +24,7 @@ def test_expert_coverage_figure() -> None:
 
 
 def test_cost_ratio_figure_from_a_what_if() -> None:
-    box = what_if(KIMI_K25_INT4, [1, 4, 16], num_draft_tokens=4, hbm_gbps=8000, tp=8)
+    box = what_if(KIMI_K25_INT4, [1, 4, 16], num_draft_tokens=4, hbm_gbps=1792, tp=8)
     fig = F.cost_ratio(box.assign(target="kimi", predicted=box["ratio"]))
     assert [t.name for t in fig.data] == ["kimi", "kimi model"]
     assert list(fig.data[0].y) == pytest.approx(list(box["ratio"]))
