@@ -153,6 +153,22 @@ def level(box: dict[str, Any], concurrency: int, tau: float | None = None,
     return row
 
 
+def off_level(box: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    """A speculative server's step with speculation off (a dynamic policy's 0 steps): the
+    target over the decode batch and the draft's extend of it (SGLang keeps the draft warm),
+    under the speculative server's cap and overlap rule."""
+    r, w = rules(box), box["workload"]
+    out_len, ctx = float(w["output_len"]), float(w["prompt_len"]) + float(w["output_len"]) / 2
+    b = min(concurrency, r["spec_max_running_requests"])
+    pb = padded(box, b, spec=True)
+    step = {"target": forward(box, pb, b, ctx), "extend": forward(box, pb, b, ctx, "draft"),
+            "host": _host(box, b, r["spec_overlap"])}
+    step["ms"] = sum(step["target"].values()) + sum(step["extend"].values()) + step["host"]
+    life = out_len * step["ms"] + b * prefill_ms(box, True)
+    return {"batch": b, "capped": b < concurrency, "step": step,
+            "tok_s": 1e3 * b * out_len / life}
+
+
 def by_term(step: dict[str, Any]) -> dict[str, float]:
     """A step's ms summed by term over its forwards, plus ``host``."""
     out = dict.fromkeys(TERMS, 0.0)

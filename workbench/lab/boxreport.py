@@ -20,7 +20,7 @@ from workbench.lab.boxfit import (
     predict,
     tau_band,
 )
-from workbench.lab.boxmodel import crossing, level, what_if
+from workbench.lab.boxmodel import crossing, level, off_level, what_if
 from workbench.lab.boxspec import load_box, rules, with_sets
 
 # vLLM's docs, dynamic speculative decoding with EAGLE-3 (workbench.lab.arms): batch -> tokens
@@ -38,15 +38,18 @@ def chain_tau(tau: float, steps: int, depth: int) -> float:
 
 
 def policy_rows(box: dict[str, Any], tau: float, levels: Sequence[int]) -> list[dict[str, Any]]:
-    """tok/s per level of never, always, threshold (the crossing), SGLang 0.5.23's default
-    tiers (the best of each tier's candidates: an upper bound of what its controller reaches)
-    and vLLM's table, every chain at the τ one per-depth rate gives it."""
+    """tok/s per level of never, always, threshold (the crossing), Goodput (the best of its
+    candidates — the shape, its chain, a 3-step chain, off — as a controller with the model's
+    own step times would pick), SGLang 0.5.23's default tiers (the best of each tier's
+    candidates: an upper bound of what its controller reaches) and vLLM's table, every chain
+    at the τ one per-depth rate gives it. ``never`` is the plain server; the others run on one
+    EAGLE-3 server (its running-request cap and overlap rule, the draft kept warm when off)."""
     s0 = int(box["workload"]["shape"][0])
     n = crossing(box, tau)
 
     def chain(c: int, steps: int) -> float:
-        if steps == 0:
-            return level(box, c, tau)["plain_tok_s"]
+        if steps == 0:  # off inside the EAGLE-3 server: its cap, its rules, a warm draft
+            return off_level(box, c)["tok_s"]
         t = chain_tau(tau, steps, s0)
         return level(box, c, t, (steps, 1, steps + 1))["spec_tok_s"]
 
@@ -54,8 +57,10 @@ def policy_rows(box: dict[str, Any], tau: float, levels: Sequence[int]) -> list[
     for c in levels:
         tier = max(k for k in SGLANG_TIERS if k <= c)
         vk = next(k for lo, hi, k in VLLM_TABLE if lo <= c and (hi is None or c <= hi))
-        row = {"concurrency": c, "never": chain(c, 0), "always": chain(c, s0),
+        row = {"concurrency": c, "never": level(box, c, tau)["plain_tok_s"],
+               "always": chain(c, s0),
                "threshold": chain(c, s0 if n is None or c < n else 0),
+               "goodput": max(chain(c, s) for s in dict.fromkeys([0, s0, 3])),
                "sglang_0.5.23_tiers": max(chain(c, s) for s in SGLANG_TIERS[tier]),
                "vllm_table": chain(c, vk)}
         out.append(row)
@@ -126,6 +131,8 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                          "rule": "every prediction within ±20 % (the fit redone at each τ)"},
             "fusion": fusion_account(res, obs),
             "crossing": crossing_band(box, obs, band["band"])})
+        out["policies_band"] = {str(t): policy_rows(fit(box, obs, t, tuple(fit_keys))["box"],
+                                                    t, levels) for t in (lo, hi)}
         box = res["box"]
     else:
         out["fitted"] = None
@@ -187,6 +194,19 @@ def print_report(rep: dict[str, Any]) -> None:
         cr = rep["crossing"]
         print(f"stop speculating from concurrency {cr['range'][0]}..{cr['range'][1]} over the "
               f"τ band; {cr['narrow_with']}")
+    names = [k for k in rep["policies"][0] if k != "concurrency"]
+    print("tok/s by policy (τ " + f"{rep['tau']:.2f}" + (
+        "; in brackets the range over the τ band, each with its own fit" if
+        rep.get("policies_band") else "") + "; never is the plain server, the rest one EAGLE-3 "
+        "server)")
+    print(f"{'c':>4} " + " ".join(f"{n:>22}" for n in names))
+    ends = list((rep.get("policies_band") or {}).values())
+    for i, r in enumerate(rep["policies"]):
+        cells = []
+        for n in names:
+            rng = sorted([r[n], *(e[i][n] for e in ends)])
+            cells.append(f"{r[n]:.0f}" + (f" [{rng[0]:.0f}..{rng[-1]:.0f}]" if ends else ""))
+        print(f"{r['concurrency']:>4} " + " ".join(f"{c:>22}" for c in cells))
     print(f"{'c':>4} {'plain':>8} {'eagle3':>8} {'gain':>6}  batch p/s")
     for r in rep["what_if"]:
         print(f"{r['concurrency']:>4} {r['plain_tok_s']:>8.1f} {r['spec_tok_s']:>8.1f} "
