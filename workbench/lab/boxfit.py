@@ -216,7 +216,8 @@ def crossing_band(box: dict[str, Any], obs: list[dict[str, Any]], band: list[flo
     if lo is None:
         measure = "measure plain and EAGLE-3 tok/s at c = 64, 128 (bench threshold --url)"
     else:
-        cs = sorted({max(1, lo - 1), lo, hi, hi + 1, 2 * hi})
+        cs = list(range(lo, hi + 2)) if hi - lo <= 6 else \
+            sorted({lo, (lo + hi) // 2, hi, hi + 1})
         measure = (f"measure plain and EAGLE-3 tok/s at c = {', '.join(map(str, cs))} "
                    "(bench threshold --url): the seeds measured only c = 1 and saturation")
     return {"range": [lo, hi], "points": points, "narrow_with": measure}
