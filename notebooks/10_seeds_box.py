@@ -87,7 +87,12 @@ P.say(f"The verify's collectives fall from {fa['collectives_before_ms']:.1f} to 
       f"by the verify's figure and {fa['rest_from_single_stream_ms']:.1f} ms per round by the "
       f"single-stream pair, must be something else the upgrade removed (a cost outside the "
       f"collectives, paid once per verify); the two estimates of it agree within "
-      f"{abs(fa['verify_from_single_stream_error']):.0%}.")
+      f"{abs(fa['verify_from_single_stream_error']):.0%}. Were it the collectives after all, "
+      f"an unfused all-reduce would take {fa['allreduce_us_implied_by_verify']:.0f} µs by the "
+      f"verify and {fa['allreduce_us_implied_by_single_stream']:.0f} µs by the single stream "
+      f"(the box gives {fa['allreduce_us_given']:.0f}); with that one number given, all five "
+      f"hold within ±20 % over the τ band (tests/lab/test_box_model.py). One measurement "
+      f"settles which: {fa['narrow_with']}.")
 
 # %% [markdown]
 # ## 3. Where a step's time goes

@@ -130,3 +130,20 @@ def test_lab_box_fits_a_measured_sweep(seeds_box: dict) -> None:
     assert len(rep["loo"]) == 8 and all(abs(r["error"]) < 1e-3 for r in rep["loo"])
     with pytest.raises(ConfigError, match="no τ"):
         box_report("seeds", threshold={"rows": [{**r, "tau": None} for r in rows]})
+
+
+def test_fusion_pair_needs_one_given_number(seeds_box: dict) -> None:
+    """At the given NCCL latency the unfused pair is missed; both unfused figures imply one
+    all-reduce latency, and with it given (one nccl-tests number) all five numbers hold."""
+    obs = load_seeds()
+    res = fit(seeds_box, obs, 1.8)
+    fa = fusion_account(res, obs)
+    v, s = fa["allreduce_us_implied_by_verify"], fa["allreduce_us_implied_by_single_stream"]
+    assert v > 2 * fa["allreduce_us_given"] and v == pytest.approx(s, rel=0.2)
+    assert "nccl-tests" in fa["narrow_with"]
+    errs = {r["key"]: r["error"] for r in res["numbers"]}
+    assert errs["spec_single_before"] > 0.2 and errs["verify_before"] < -0.2
+    given = set_field(seeds_box, f"link.allreduce_us={v:.1f}")
+    for tau in np.linspace(*TAU_BAND, 4):
+        got = fit(given, obs, float(tau))["numbers"]
+        assert all(abs(r["error"]) <= 0.20 for r in got), [(r["key"], r["error"]) for r in got]

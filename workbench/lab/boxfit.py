@@ -22,7 +22,7 @@ import numpy as np
 
 from workbench.errors import ConfigError
 from workbench.lab.boxmodel import crossing, forward, level, padded
-from workbench.lab.boxspec import REPO_ROOT, set_field
+from workbench.lab.boxspec import REPO_ROOT, geometry, set_field
 
 SEEDS = REPO_ROOT / "data" / "seeds" / "seeds.json"
 FIT_KEYS = ("spec_single_after", "plain_saturated")
@@ -164,7 +164,17 @@ def fusion_account(res: dict[str, Any], obs: list[dict[str, Any]]) -> dict[str, 
     pred_after = level(box, 1, tau)["spec_step_ms"]
     rest_a = seen_round - pred_round
     verify_from_a = sum(v_before.values()) + rest_a
-    return {"collectives_after_ms": v_after["collectives"],
+    # if the rest were the collectives: the unfused all-reduce latency each figure implies
+    lat = float(before["link"]["allreduce_us"])
+    n_verify = geometry(box).allreduces
+    n_round = n_verify + int(w["shape"][0]) * geometry(box, "draft").allreduces
+    rest_v = float(by["verify_before"]["value"]) - sum(v_before.values())
+    return {"allreduce_us_given": lat,
+            "allreduce_us_implied_by_verify": lat + rest_v * 1e3 / n_verify,
+            "allreduce_us_implied_by_single_stream": lat + rest_a * 1e3 / n_round,
+            "narrow_with": "nccl-tests all_reduce_perf -g 8 -b 8K -e 128K on the box without "
+                           "fusion: its small-message time is the unfused all-reduce latency",
+            "collectives_after_ms": v_after["collectives"],
             "collectives_before_ms": v_before["collectives"],
             "verify_before_model_ms": sum(v_before.values()),
             "verify_before_seed_ms": float(by["verify_before"]["value"]),

@@ -191,6 +191,11 @@ def print_report(rep: dict[str, Any]) -> None:
                   f"{fa['verify_before_seed_ms']:.0f}: {fa['rest_from_verify_ms']:.1f} ms is "
                   f"not collectives ({fa['rest_from_single_stream_ms']:.1f} ms per round "
                   f"from the single-stream pair)")
+            print(f"  were it the collectives, an unfused all-reduce would take "
+                  f"{fa['allreduce_us_implied_by_verify']:.0f} µs (by the verify) / "
+                  f"{fa['allreduce_us_implied_by_single_stream']:.0f} µs (by the single "
+                  f"stream), not the given {fa['allreduce_us_given']:.0f}; settle it with "
+                  f"{fa['narrow_with']}")
         cr = rep["crossing"]
         print(f"stop speculating from concurrency {cr['range'][0]}..{cr['range'][1]} over the "
               f"τ band; {cr['narrow_with']}")
