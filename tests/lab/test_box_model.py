@@ -147,3 +147,13 @@ def test_fusion_pair_needs_one_given_number(seeds_box: dict) -> None:
     for tau in np.linspace(*TAU_BAND, 4):
         got = fit(given, obs, float(tau))["numbers"]
         assert all(abs(r["error"]) <= 0.20 for r in got), [(r["key"], r["error"]) for r in got]
+
+
+def test_kimi_preset_has_flops_so_peak_tflops_acts() -> None:
+    from workbench.policy.moe_cost import KIMI_K25_INT4
+    from workbench.policy.moe_cost import what_if as ratio_what_if
+
+    assert KIMI_K25_INT4.flops_per_token == pytest.approx(2 * 32.9e9, rel=0.05)  # ~33B active
+    mem = ratio_what_if(KIMI_K25_INT4, [256], 4, hbm_gbps=1792, tp=8)
+    slow = ratio_what_if(KIMI_K25_INT4, [256], 4, hbm_gbps=1792, tp=8, peak_tflops=5)
+    assert slow["verify_ms"].iloc[0] > mem["verify_ms"].iloc[0]

@@ -172,12 +172,14 @@ class Geometry:
 # 8 per token, one shared expert; hidden 7168, expert MLP 2048, dense MLP 18432, vocab 163840;
 # MLA q_lora 1536, kv_lora 512, 64 heads of 128 + 64 rope, v 128). INT4 routed experts with
 # one bf16 scale per 32 weights (4.5 bits); everything else bf16.
+_KIMI_DENSE = (61 * (7168 * 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 * 64 * 256
+                    + 64 * 128 * 7168)
+               + 3 * 7168 * 18432 + 60 * (3 * 7168 * 2048 + 7168 * 384) + 7168 * 163840)
+_KIMI_EXPERT = 3 * 7168 * 2048
 KIMI_K25_INT4 = Geometry(
-    "Kimi-K2.5 INT4", 61, 60, 384, 8,
-    dense_params=61 * (7168 * 1536 + 1536 * 64 * 192 + 7168 * 576 + 512 * 64 * 256
-                       + 64 * 128 * 7168)
-    + 3 * 7168 * 18432 + 60 * (3 * 7168 * 2048 + 7168 * 384) + 7168 * 163840,
-    expert_params=3 * 7168 * 2048, dense_bits=16.0, expert_bits=4.5)
+    "Kimi-K2.5 INT4", 61, 60, 384, 8, dense_params=_KIMI_DENSE, expert_params=_KIMI_EXPERT,
+    dense_bits=16.0, expert_bits=4.5,
+    flops_per_token=2.0 * (_KIMI_DENSE + 60 * 8 * _KIMI_EXPERT))  # 2 x active parameters
 
 
 def what_if(geometry: Geometry, batches: Sequence[int], num_draft_tokens: int,
