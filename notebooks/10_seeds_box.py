@@ -74,6 +74,13 @@ P.say(f"With the floor at {rep['fitted']['floor_ms']:.2f} ms per target forward 
       f"verify where they saw ~{by['verify_before']['seed']:.0f}.")
 
 # %% [markdown]
+# The seeds name no concurrency for "saturating"; the preset assumes the sweep's top level is
+# 256. The same fit with the top level at 64 or 128:
+
+# %%
+pd.DataFrame(rep["saturation_level"]).set_index("top_level").round(3)
+
+# %% [markdown]
 # ## 2. The fusion pair: how much is collectives
 # Fusion moves the verify's 123 all-reduces from NCCL latency to a one-shot fused kernel; the
 # rest of what CUDA 13 and fusion changed is not in the box description, so the numbers

@@ -106,7 +106,9 @@ def test_lab_box_cli_json() -> None:
                     "plain_saturated", "spec_saturated"}
     assert all(len(r["band"]) == 2 for r in rep["numbers"])
     assert rep["crossing"]["range"][0] >= 1 and "measure" in rep["crossing"]["narrow_with"]
-    assert {"never", "always", "threshold", "vllm_table"} <= set(rep["policies"][0])
+    assert {"never", "always", "threshold", "goodput", "sglang_0.5.23_tiers",
+            "vllm_table"} <= set(rep["policies"][0])
+    assert [r["top_level"] for r in rep["saturation_level"]] == [64, 128, 256]
 
 
 def test_level_refuses_bad_input(seeds_box: dict) -> None:

@@ -95,6 +95,20 @@ def sweep_numbers(threshold: Any, records: Any = None) -> tuple[list[dict[str, A
     return obs, tau, work
 
 
+def saturation_sensitivity(box: dict[str, Any], obs: list[dict[str, Any]], tau: float,
+                           fit_keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The seeds name no concurrency for "saturating": the fit and its predictions with the
+    sweep's top level at 64, 128 and 256 (the preset assumes its own levels)."""
+    rows = []
+    for top in (64, 128, 256):
+        levels = [c for c in (1, 2, 4, 8, 16, 32, 64, 128, 256) if c <= top]
+        b = with_sets(box, [f"workload.levels={levels}"])
+        res = fit(b, obs, tau, fit_keys)
+        rows.append({"top_level": top, "floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
+                     **{r["key"]: r["error"] for r in res["numbers"] if not r["fitted"]}})
+    return rows
+
+
 def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                seeds: str | Path | None = None, tau: float | None = None,
                fit_keys: Sequence[str] = FIT_KEYS, threshold: Any = None,
@@ -131,6 +145,7 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                          "rule": "every prediction within ±20 % (the fit redone at each τ)"},
             "fusion": fusion_account(res, obs),
             "crossing": crossing_band(box, obs, band["band"])})
+        out["saturation_level"] = saturation_sensitivity(box, obs, tau, tuple(fit_keys))
         out["policies_band"] = {str(t): policy_rows(fit(box, obs, t, tuple(fit_keys))["box"],
                                                     t, levels) for t in (lo, hi)}
         box = res["box"]
@@ -196,6 +211,10 @@ def print_report(rep: dict[str, Any]) -> None:
                   f"{fa['allreduce_us_implied_by_single_stream']:.0f} µs (by the single "
                   f"stream), not the given {fa['allreduce_us_given']:.0f}; settle it with "
                   f"{fa['narrow_with']}")
+        for r in rep.get("saturation_level", []):
+            errs = ", ".join(f"{k} {v:+.0%}" for k, v in r.items()
+                             if k not in ("top_level", "floor_ms", "attn_ns"))
+            print(f"  if 'saturating' was measured at c = {r['top_level']}: {errs}")
         cr = rep["crossing"]
         print(f"stop speculating from concurrency {cr['range'][0]}..{cr['range'][1]} over the "
               f"τ band; {cr['narrow_with']}")
