@@ -109,6 +109,7 @@ def test_lab_box_cli_json() -> None:
     assert {"never", "always", "threshold", "goodput", "sglang_0.5.23_tiers",
             "vllm_table"} <= set(rep["policies"][0])
     assert [r["top_level"] for r in rep["saturation_level"]] == [64, 128, 256]
+    assert rep["what_if"][-1]["spec_capped"] is True and rep["what_if"][-1]["spec_batch"] == 48
 
 
 def test_level_refuses_bad_input(seeds_box: dict) -> None:

@@ -271,7 +271,7 @@ def cmd_box(ns: argparse.Namespace) -> int:
     rep = box_report(ns.preset, ns.set, ns.seeds, ns.tau, threshold=ns.threshold_json,
                      records=records)
     if ns.json:
-        print(json.dumps(rep, default=float))
+        print(json.dumps(rep, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
         return 0
     print_report(rep)
     return 0
