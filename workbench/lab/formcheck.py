@@ -89,10 +89,14 @@ def measure(model: str, repeats: int, grid: tuple[Sequence[int], Sequence[int], 
     path = Path(model) if Path(model).is_absolute() else REPO_ROOT / model
     if not (path / "config.json").is_file():
         raise ConfigError(f"--models: no model at {model}")
-    g = geometry(config_box(json.loads((path / "config.json").read_text())))
     cfg = {"threads": threads} if threads else {}
     engine = wb.Engine.from_pretrained(str(path), config=wb.EngineConfig(**cfg)) if cfg else \
         wb.Engine.from_pretrained(str(path))
+    box = config_box(json.loads((path / "config.json").read_text()))
+    target = engine.runner.target
+    if target is not None:  # the bytes the engine reads: its own dtype, not the config's
+        box["model"]["dense_bits"] = 8 * next(target.parameters()).element_size()
+    g = geometry(box)
     cells = [(r, q, c) for r in grid[0] for q in grid[1] for c in grid[2]]
     best = dict.fromkeys(cells, float("inf"))
     try:  # interleaved passes: a burst of load lands on one pass of every point, not one point
