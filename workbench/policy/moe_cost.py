@@ -19,7 +19,8 @@ experts, bytes per expert, HBM bandwidth, tensor parallelism): memory-bound step
 (tp · bandwidth), plus an optional FLOP term. It leaves out the all-reduce between TP ranks (two
 per layer; the seeds' box paid them over PCIe), attention and KV reads (the context term),
 kernel launch gaps, expert load imbalance across ranks, and any overlap of compute with loads:
-docs/MOE.md.
+docs/MOE.md. The whole box — those terms, the server's rules and tok/s for plain and
+speculative decoding — is ``workbench.lab.boxmodel.what_if`` (``lab box``, docs/LAB.md).
 """
 
 from __future__ import annotations
