@@ -95,8 +95,9 @@ def machine_section(folder: Path) -> str:
 
     docs = load_all(folder)
     lines = [BY_MACHINE, "",
-             "Speed depends on the machine (issue 18): each kind's figures come from "
-             "`data/results/<kind>.json`, written by the `bench` command shown. `loaded` marks a "
+             "Speed depends on the machine: each kind's figures come from "
+             "`data/results/<kind>.json`, written by the `bench` command shown; the file also "
+             "holds each run's commit and the engine's measured choices. `loaded` marks a "
              "run whose load average exceeded the cores (other jobs competed): its absolute tok/s "
              "are low and only its side-by-side ratios mean something.", ""]
     if not docs:
@@ -109,16 +110,17 @@ def machine_section(folder: Path) -> str:
         lines += [f"### {m.get('cpu')} (`{kind}`)", "",
                   f"{m.get('cores')} cores{caches} · "
                   f"{', '.join(m.get('flags') or []) or 'flags not recorded'} · torch "
-                  f"{m.get('torch')}" + (f" · source: {doc['source']}" if doc.get("source")
-                                         else ""), ""]
+                  f"{m.get('torch')} · result file: `{_rel(folder / (kind + '.json'))}`" +
+                  (" · transcribed from a report, not measured by the commands shown (the "
+                   "file's `source` says from where)" if doc.get("source") else ""), ""]
         for bench, b in doc["benchmarks"].items():
             load = b.get("load") or {}
             before, after = load.get("before") or ["?"], load.get("after") or ["?"]
             ld = (f"load {before[0]} → {after[0]} on {load.get('cores', '?')} cores" if load
                   else "load not recorded")
             flags = ", ".join(sorted(set(b.get("flags") or []))) or "none"
-            lines += [f"**{bench}** — `{b.get('command')}` ({b.get('time', '?')}, commit "
-                      f"{b.get('commit', '?')}; {ld}; flags: {flags})", ""]
+            lines += [f"**{bench}** — `{b.get('command')}` ({b.get('time', 'date not recorded')}"
+                      f"; {ld}; flags: {flags})", ""]
             rows = b.get("summary") or []
             if rows:
                 cols = [c for c in rows[0] if c not in ("flags",) and not c.endswith(("_lo",
@@ -130,8 +132,14 @@ def machine_section(folder: Path) -> str:
                     lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
                 lines.append("")
             if b.get("note"):
-                lines += [f"_{b['note']}_", ""]
+                lines += ["_A note on this run is in the result file._", ""]
     return "\n".join(lines)
+
+
+def _rel(path: Path) -> str:
+    """``path`` from the repository root (as given when it lies elsewhere)."""
+    path = path.resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
 
 
 def append_machine_section(card: Path, section: str) -> None:

@@ -46,6 +46,8 @@ def test_model_card_section_names_machine_and_command(tmp_path: Path) -> None:
     assert "`python -m workbench bench spec --prompts 16`" in text
     assert "load 0.5 → 0.7 on 2 cores; flags: none" in text
     assert "| tree | 2.02 | True |" in text
+    # the commit stays in the result file the section names, out of the card's prose
+    assert "abc1234" not in text and "intel-xeon-platinum-8581c.json`" in text
     card = tmp_path / "README.md"
     card.write_text("# card\n\nbody\n")
     cards.append_machine_section(card, text)

@@ -2,7 +2,7 @@
 output equals the bf16 baseline's, token for token, on every GEMM path (the micro pair); and the
 two facts behind it — oneDNN computes a bf16 row the same way at every M, and the CPU attention,
 run in float32, gives a tree row the bf16 result of the same row decoded alone (a case bf16
-SDPA gets wrong). Not a guarantee at every shape: docs/PERFORMANCE.md §5."""
+SDPA gets wrong). Not a guarantee at every shape: docs/PERFORMANCE.md §6b."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class PagedAttention:
         # 9 of 16 cases differed with bf16 SDPA, none with float32). Float32 SDPA still
         # differs in its last bits between batch shapes (docs/REFERENCE.md §3), and rounding
         # its output to bf16 can turn that into a token flip at a near-tie: measured rates in
-        # docs/PERFORMANCE.md §5. The pool stays in the model's dtype.
+        # docs/PERFORMANCE.md §6b. The pool stays in the model's dtype.
         reduced = k_pool.dtype in (torch.bfloat16, torch.float16) and dev.type == "cpu"
         self.sdpa_dtype = torch.float32 if reduced else k_pool.dtype
 
