@@ -1,6 +1,10 @@
 """Affinity: fewer threads run on the cores other processes leave free, and all cores come back.
 
-Real processes, real ``/proc/stat``, real ``sched_setaffinity`` (Linux, two cores or more)."""
+Real ``sched_setaffinity`` throughout (Linux, two cores or more). Where the monitor decides
+from a window of ``/proc/stat``, the window is staged (:func:`staged`: a neighbour on one CPU,
+the others idle), so the verdict never depends on what else the machine runs; one test reads
+the real ``/proc/stat`` beside a spinner it starts, and skips, saying so, when another process
+on the free core leaves nothing to tell apart."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import pytest
 import torch
 
 from workbench.engine import affinity, contention
-from workbench.engine.contention import Conditions, ContentionMonitor
+from workbench.engine.contention import Conditions, ContentionMonitor, CpuSample
 
 pytestmark = pytest.mark.skipif(affinity.HOME is None or len(affinity.HOME) < 2,
                                 reason="needs sched_setaffinity and two CPUs or more")
@@ -77,12 +81,33 @@ def test_pin_refuses_what_it_cannot_do() -> None:
     assert affinity.current() is None
 
 
+def neighbour_cpu() -> tuple[int, list[int]]:
+    """The staged neighbour's CPU (the last home CPU) and the one fewer threads should take."""
+    home = sorted(affinity.HOME or ())
+    return home[-1], home[:1]
+
+
+def staged(busy_cpu: int, wall: float, own: float = 0.0,
+           own_cpu: int | None = None) -> tuple[CpuSample, CpuSample]:
+    """A window of ``wall`` s in which another process kept ``busy_cpu`` fully busy and this
+    one used ``own`` CPU seconds on ``own_cpu`` (every other home CPU idle)."""
+    home = sorted(affinity.HOME or ())
+    a = CpuSample(100.0, 0.0, 0.0, 0.0, 0.0, {c: 0.0 for c in home})
+    used = {c: (wall if c == busy_cpu else 0.0) + (own if c == own_cpu and c != busy_cpu else 0.0)
+            for c in home}
+    b = CpuSample(100.0 + wall, sum(used.values()), 0.0, wall * len(home), own, used)
+    return a, b
+
+
 def test_monitor_pins_fewer_threads_to_the_free_core_and_unpins_when_quiet(
-        spinner: int, machine_conditions: dict[str, float],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Busy: the one-thread candidate is timed, and then runs, on the core the spinner leaves
-    free; quiet again: all cores and all threads come back."""
+        machine_conditions: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy (the look sees a neighbour on the last CPU): the one-thread candidate is timed, and
+    then runs, on the core left free; quiet again: all cores and all threads come back."""
     placed: list[list[int] | None] = []
+    busy_cpu, free = neighbour_cpu()
+    looks = iter([{c: 0 for c in affinity.HOME or ()},
+                  {c: 12 if c == busy_cpu else 0 for c in affinity.HOME or ()}])
+    monkeypatch.setattr(affinity, "per_cpu_busy", lambda: next(looks))
 
     def timed(passes: object, cands: tuple[int, ...], budget_s: float = 0.0,
               pin: object = None) -> dict[int, dict[str, float]]:
@@ -98,12 +123,14 @@ def test_monitor_pins_fewer_threads_to_the_free_core_and_unpins_when_quiet(
     try:
         m = ContentionMonitor(2, lambda: {"p": lambda: None})
         a = m.adapt(Conditions(2, 1.0, others=1.0, steal=0.0, load1=1.0), "a neighbour")
-        free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
         assert (a.after, a.cpus, m.cpus) == (1, free, free)
         assert affinity.current() == free and placed == [None, free]
+        assert os.sched_getaffinity(0) == set(free)
         q = m.adapt(Conditions(2, 1.0, others=0.0, steal=0.0, load1=0.5), "quiet again")
         assert (q.cpus, m.cpus) == (None, None) and affinity.current() is None
+        assert os.sched_getaffinity(0) == set(affinity.HOME or ())
     finally:
+        affinity.pin(len(affinity.HOME or ()), None)
         torch.set_num_threads(before)
 
 
@@ -119,34 +146,37 @@ def free_core(spinner: int, start: contention.CpuSample | None, busy: float) -> 
     free = sorted(set(affinity.HOME or ()) - {spinner})[:1]
     end = contention.cpu_sample()
     assert start is not None and end is not None and start.cpus and end.cpus
-    if (end.cpus[free[0]] - start.cpus[free[0]]) / (end.wall - start.wall) > busy:
+    wall = end.wall - start.wall
+    if (end.cpus[free[0]] - start.cpus[free[0]]) / wall > busy:
         pytest.skip("another process runs on the free core: the window cannot stage the case")
+    if (end.cpus[spinner] - start.cpus[spinner]) / wall < 0.8:
+        pytest.skip("the spinner's core was not kept busy (steal or a short window): "
+                    "the window cannot stage the case")
     return free
 
 
 def test_monitor_moves_off_a_core_a_neighbour_took(
-        spinner: int, machine_conditions: dict[str, float],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """One thread pinned where a neighbour now spins while the other core is free (the
+        machine_conditions: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread pinned where a neighbour now spins while another core is free (the
     neighbour moved in after the pin): the next look re-places the thread on the free core —
     at one thread there is nothing to re-time, only where to run."""
     one_thread_wins(monkeypatch)
+    busy_cpu, free = neighbour_cpu()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         m = ContentionMonitor(2, lambda: {"p": lambda: None})
-        m.cpus = affinity.pin(1, [spinner])  # a stale pin: the neighbour's core
+        m.cpus = affinity.pin(1, [busy_cpu])  # a stale pin: the neighbour's core
         machine_conditions["others"] = 1.0
-        m._sample = start = contention.cpu_sample()
-        t_end = time.perf_counter() + 0.4
-        while time.perf_counter() < t_end:  # our own work, on the neighbour's core
-            pass
-        free = free_core(spinner, start, 0.5)
+        # the neighbour's core busy all the window: a quarter ours, the rest the neighbour's
+        m._sample, end = staged(busy_cpu, 0.4, own=0.1, own_cpu=busy_cpu)
+        monkeypatch.setattr(contention, "cpu_sample", lambda: end)
         a = m.check()
         assert a is not None and "others on our core" in a.reason
         assert (a.after, m.cpus) == (1, free) and affinity.current() == free
+        assert os.sched_getaffinity(0) == set(free)
     finally:
-        affinity.pin(2, None)
+        affinity.pin(len(affinity.HOME or ()), None)
         torch.set_num_threads(before)
 
 
@@ -171,8 +201,7 @@ def test_quiet_from_orders_the_cores_by_the_window_it_is_given(
 
 
 def test_monitor_places_threads_from_its_own_look_without_sleeping(
-        spinner: int, machine_conditions: dict[str, float],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        machine_conditions: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> None:
     """The look that found the neighbour already says which core it is on: no second look
     (``quiet_cpus`` sleeps inside the engine's time) before the threads are placed."""
     def no_look(window_s: float = affinity.LOOK_S) -> list[int] | None:
@@ -180,18 +209,17 @@ def test_monitor_places_threads_from_its_own_look_without_sleeping(
 
     monkeypatch.setattr(affinity, "quiet_cpus", no_look)
     one_thread_wins(monkeypatch)
+    busy_cpu, free = neighbour_cpu()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         m = ContentionMonitor(2, lambda: {"p": lambda: None})
         machine_conditions["others"] = 1.0
-        m._sample = start = contention.cpu_sample()
-        time.sleep(0.3)  # the spinner spins; we rest
-        free = free_core(spinner, start, 0.2)
-        m._sample = start
+        m._sample, end = staged(busy_cpu, 0.3)  # the neighbour spins; we rest
+        monkeypatch.setattr(contention, "cpu_sample", lambda: end)
         a = m.check()
         assert a is not None and (a.after, a.cpus, m.cpus) == (1, free, free)
         assert affinity.current() == free
     finally:
-        affinity.pin(2, None)
+        affinity.pin(len(affinity.HOME or ()), None)
         torch.set_num_threads(before)

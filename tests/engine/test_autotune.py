@@ -4,8 +4,8 @@ and model (a second start reads the cache), forced choices kept, outputs unchang
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -95,20 +95,25 @@ def test_pick_prefers_default_within_margin() -> None:
     assert autotune.pick(t, "dense", weights={"x": 2.0, "y": 0.5}) == "dense"
 
 
-def test_interleaved_min_takes_turns_and_the_least_time() -> None:
+def test_interleaved_min_takes_turns_and_the_least_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calls' durations are staged on the module's clock (a real sleep on a busy machine
+    oversleeps, which would decide the case instead of the rule)."""
     order: list[str] = []
+    now = [0.0]
+    monkeypatch.setattr(autotune, "time", SimpleNamespace(perf_counter=lambda: now[0]))
 
     def a() -> None:
         order.append("a")
-        if order.count("a") == 2:  # the first timed call of "a" hits a busy stretch
-            time.sleep(0.03)
+        # 1 ms a call; the first timed call hits a busy stretch of 30 ms
+        now[0] += 0.030 if order.count("a") == 2 else 0.001
 
     def b() -> None:
         order.append("b")
+        now[0] += 0.002
 
     ms = autotune.interleaved_min_ms({"a": a, "b": b}, budget_s=0.0, min_rounds=4)
     assert order == ["a", "b"] + ["a", "b"] * 4  # one warm-up each, then turns
-    assert set(ms) == {"a", "b"} and ms["a"] < 25.0  # the spike is not the figure
+    assert ms == {"a": pytest.approx(1.0), "b": pytest.approx(2.0)}  # the spike is not the figure
 
 
 def test_a_busy_machine_makes_a_provisional_choice_never_cached(

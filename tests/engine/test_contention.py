@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine import contention, stages
+from workbench.engine import affinity, contention, stages
 from workbench.engine.contention import Conditions, ContentionMonitor, CpuSample
 
 # the module's own function (tests/conftest.py pins contention.between inside each test)
@@ -399,28 +399,51 @@ def test_a_machine_seen_recently_is_recalled_not_re_timed(
     assert not m.adapt(busy, "a neighbour").recalled and len(timed) == 3
 
 
+class StagedClock:
+    """The module's clock and counters, staged: ``perf_counter`` is what the test set, a sleep
+    fails the test, ``cpu_sample`` reads a quiet machine at that instant (the window's length is
+    the test's, whatever else the machine runs). Everything else is the real ``time``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        raise AssertionError(f"slept {s} s inside the engine's time")
+
+    def sample(self) -> contention.CpuSample:
+        return contention.CpuSample(self.now, 0.0, 0.0, 2 * self.now, 0.0, {0: 0.0, 1: 0.0})
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
 def test_a_look_too_short_to_resolve_waits_for_its_window_without_sleeping(
         threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A spike asks early, before /proc/stat's ticks can tell: the look returns at once (it
-    used to sleep 0.12 s inside the step) and asks again when the window resolves."""
+    """A spike asks early, before /proc/stat's ticks can tell: the look returns at once (no
+    sleep inside the step) and asks again when the window resolves."""
     monkeypatch.setattr(contention, "between", REAL_BETWEEN)
-    if contention.cpu_sample() is None:
-        pytest.skip("needs /proc/stat")
+    clock = StagedClock()
+    monkeypatch.setattr(contention, "time", clock)
+    monkeypatch.setattr(affinity, "time", clock)
+    monkeypatch.setattr(contention, "cpu_sample", clock.sample)
     torch.set_num_threads(2)
     m = ContentionMonitor(2, lambda: {"p": lambda: None})
-    t0 = time.perf_counter()
+    clock.now += 0.03  # three ticks: a third of a core cannot be told from none
     assert m.check() is None
-    assert time.perf_counter() - t0 < 0.05  # no sleep
-    assert m._next_check == m._resolved_at > time.perf_counter()
+    assert m._next_check == m._resolved_at == 1000.0 + contention.RESOLVE_S > clock.now
     m._last_adapt = -math.inf
     for _ in range(contention.WINDOW):
         m.observe("spec", 1, 10.0)
     before = m._sample
     m.observe("spec", 1, 100.0)  # a spike inside the unresolved window: no look yet
     assert m._sample is before
-    time.sleep(contention.RESOLVE_S + 0.02)
-    m.observe("spec", 1, 100.0)  # resolved now: looked (the machine decides what follows)
-    assert m._sample is not before
+    clock.now += contention.RESOLVE_S
+    m.observe("spec", 1, 100.0)  # resolved now: looked (a quiet machine: nothing to change)
+    assert m._sample is not before and m._sample.wall == clock.now
+    assert torch.get_num_threads() == 2 and not m.log
 
 
 def test_a_steal_burst_of_one_look_is_not_re_timed(
