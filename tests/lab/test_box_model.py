@@ -11,12 +11,20 @@ import numpy as np
 import pytest
 
 from workbench.errors import ConfigError
-from workbench.lab.boxfit import FIT_KEYS, fit, fusion_account, load_seeds, tau_band
+from workbench.lab.boxfit import (
+    FIT_KEYS,
+    claims_hold,
+    fit,
+    fusion_account,
+    load_claims,
+    load_seeds,
+    tau_band,
+)
 from workbench.lab.boxmodel import TERMS, forward, level, padded, what_if
 from workbench.lab.boxreport import box_report
 from workbench.lab.boxspec import capture_sizes, geometry, load_box, rules, set_field
 
-TAU_BAND = (1.5, 2.1)  # the stated band: the seeds give no τ
+TAU_BAND = (1.75, 1.9)  # the stated band: the seeds give no τ
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +99,15 @@ def test_seeds_two_fitted_three_predicted(seeds_box: dict) -> None:
         # ... the rest is one unmodelled cost: the verify from the single-stream pair holds
         assert abs(fa["verify_from_single_stream_error"]) <= 0.20
         assert len(res["loo"]) == 3
-    band = tau_band(seeds_box, obs)["band"]
+    claims = load_claims()
+    assert {c["key"] for c in claims} == {"net_negative_before", "net_positive_after"}
+    band = tau_band(seeds_box, obs, claims=claims)["band"]
     assert band[0] <= TAU_BAND[0] and band[1] >= TAU_BAND[1]
+    for tau in TAU_BAND:  # in the band the sentences' signs hold: speculation won at c=1
+        res = fit(seeds_box, obs, tau)
+        assert all(claims_hold(res["box"], obs, claims, tau).values())
+    low = fit(seeds_box, obs, 1.5)  # below the band plain decoding would have won at c=1
+    assert not claims_hold(low["box"], obs, claims, 1.5)["net_positive_after"]
 
 
 def test_lab_box_cli_json() -> None:
@@ -160,3 +175,14 @@ def test_kimi_preset_has_flops_so_peak_tflops_acts() -> None:
     mem = ratio_what_if(KIMI_K25_INT4, [256], 4, hbm_gbps=1792, tp=8)
     slow = ratio_what_if(KIMI_K25_INT4, [256], 4, hbm_gbps=1792, tp=8, peak_tflops=5)
     assert slow["verify_ms"].iloc[0] > mem["verify_ms"].iloc[0]
+
+
+def test_kv_pool_caps_the_batch(seeds_box: dict) -> None:
+    from workbench.lab.boxmodel import kv_requests
+
+    n = kv_requests(seeds_box, spec=False)
+    assert 64 < n < 256 and kv_requests(seeds_box, spec=True) < n  # the draft's memory too
+    row = level(seeds_box, 256)
+    assert row["plain_batch"] == n and row["plain_capped"]
+    small = set_field(seeds_box, "server.kv_tokens=30720")  # 20 requests of 1536 tokens
+    assert level(small, 64)["plain_batch"] == 20 and level(small, 64)["spec_batch"] == 20

@@ -42,6 +42,29 @@ def load_seeds(path: str | Path = SEEDS) -> list[dict[str, Any]]:
     return nums
 
 
+def load_claims(path: str | Path = SEEDS) -> list[dict[str, Any]]:
+    """Signs the numbers' sentences state (``claims``: plain decoding at the same state and
+    concurrency above or below a named number), each with its sentence."""
+    return list(json.loads(Path(path).read_text()).get("claims") or [])
+
+
+def claims_hold(box: dict[str, Any], obs: list[dict[str, Any]], claims: list[dict[str, Any]],
+                tau: float) -> dict[str, bool]:
+    """Each claim checked on the fitted ``box``: plain tok/s in the number's state and
+    concurrency above (``plain_above``) or below (``plain_below``) the number."""
+    by = {o["key"]: o for o in obs}
+    out = {}
+    for c in claims:
+        ref = by.get(c.get("plain_above") or c.get("plain_below") or "")
+        if ref is None:
+            raise ConfigError(f"claim {c.get('key')!r}: names no measured number")
+        b = state_box(box, ref)
+        plain = level(b, _conc(b, ref), tau)["plain_tok_s"]
+        above = plain > float(ref["value"])
+        out[c["key"]] = above if "plain_above" in c else not above
+    return out
+
+
 def state_box(box: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
     """The box in the state the number was measured in (``state``: dotted overrides)."""
     for key, value in obs.get("state", {}).items():
@@ -187,10 +210,11 @@ def fusion_account(res: dict[str, Any], obs: list[dict[str, Any]]) -> dict[str, 
 
 
 def tau_band(box: dict[str, Any], obs: list[dict[str, Any]],
-             grid: tuple[float, float, float] = (1.1, 4.0, 0.1),
-             keys: tuple[str, ...] = ("spec_saturated",)) -> dict[str, Any]:
-    """The τ where every number named by ``keys`` is predicted within TOLERANCE (and the
-    verify-from-single-stream check holds), the fit redone at each τ."""
+             grid: tuple[float, float, float] = (1.1, 4.0, 0.05),
+             keys: tuple[str, ...] = ("spec_saturated",),
+             claims: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The τ where every number named by ``keys`` is predicted within TOLERANCE, the
+    verify-from-single-stream check holds and every claim holds, the fit redone at each τ."""
     ok, rows = [], []
     for tau in np.arange(grid[0], grid[1] + 1e-9, grid[2]):
         t = round(float(tau), 3)
@@ -201,9 +225,10 @@ def tau_band(box: dict[str, Any], obs: list[dict[str, Any]],
         fa = fusion_account(res, obs)
         if fa:
             errs["verify_before_from_single_stream"] = fa["verify_from_single_stream_error"]
-        good = all(abs(e) <= TOLERANCE for e in errs.values())
+        held = claims_hold(res["box"], obs, claims or [], t)
+        good = all(abs(e) <= TOLERANCE for e in errs.values()) and all(held.values())
         rows.append({"tau": t, "floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
-                     **errs, "within": good})
+                     **errs, **held, "within": good})
         if good:
             ok.append(t)
     return {"band": [min(ok), max(ok)] if ok else None, "rows": rows,

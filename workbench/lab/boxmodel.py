@@ -21,8 +21,9 @@ EAGLE worker) is S - 1 draft forwards of B * K tokens, the verify of B * N token
 extend of B * N tokens and the host's work when the overlap scheduler is off (spec v1).
 Throughput over a request's life adds its prefill (one target forward of the prompt, attention
 as FLOPs, and the draft's extend of it), so tok/s = b * O / ((O / tokens per step) * step + b *
-prefill), b = min(concurrency, the server's running-request cap): a level above the cap runs at
-the cap (the server queues the rest) and says so.
+prefill), b = min(concurrency, the server's running-request cap, the requests its KV pool holds
+at the workload's mean context: :func:`kv_requests`): a level above that runs at it (the server
+queues the rest) and says so.
 """
 
 from __future__ import annotations
@@ -91,6 +92,37 @@ def padded(box: dict[str, Any], batch: int, spec: bool) -> int:
     return next((b for b in sizes if b >= batch), batch)
 
 
+def kv_requests(box: dict[str, Any], spec: bool) -> int:
+    """Requests the KV pool holds at the workload's mean context (P + O/2): SGLang sizes the
+    pool as the GPU's memory x mem_fraction_static less the weights (0.5.9's rule: reserved
+    = 512 MB + 1.5 x chunked prefill (8192) + 2 x cuda_graph_max_bs + tp/8 GB, at least 10 GB
+    on a GPU over 60 GB, + 2 GB for an EAGLE draft), and admits requests while tokens are
+    free. ``server.kv_tokens`` overrides the pool; ``model.checkpoint_gb`` (when given) sets
+    the weights each rank holds (its 1/tp share, plus what every rank replicates)."""
+    srv, w = box["server"], box["workload"]
+    g, d = geometry(box), geometry(box, "draft")
+    per_token = g.kv_bytes_per_token + (d.kv_bytes_per_token if spec else 0.0)
+    if srv.get("kv_tokens"):
+        tokens = float(srv["kv_tokens"])
+    else:
+        mib = float(box["gpu"]["mem_gb"]) * 1024
+        tp = int(box["layout"]["tp"])
+        reserved = 512 + 8192 * 1.5 + rules(box)["cuda_graph_max_bs"] * 2 + tp / 8 * 1024
+        reserved = max(reserved, 10 * 1024) if mib > 60 * 1024 else reserved
+        reserved += 2 * 1024 if spec else 0
+        ckpt = box["model"].get("checkpoint_gb")
+        if ckpt:
+            weights = float(ckpt) * 1e9 / tp + g.replicated_bytes * (tp - 1) / tp
+        else:
+            weights = g.replicated_bytes + g.dense_bytes + \
+                g.moe_layers * g.num_experts * g.expert_bytes
+        if spec:
+            weights += d.replicated_bytes + d.dense_bytes
+        tokens = max(0.0, (mib - reserved) * 2**20 - weights) / per_token
+    ctx = float(w["prompt_len"]) + float(w["output_len"]) / 2
+    return max(1, int(tokens // ctx))
+
+
 def _host(box: dict[str, Any], batch: int, overlap: bool) -> float:
     r = rules(box)
     return 0.0 if overlap else r["host_ms"] + r["host_ms_per_req"] * batch
@@ -142,7 +174,7 @@ def level(box: dict[str, Any], concurrency: int, tau: float | None = None,
     row: dict[str, Any] = {"concurrency": concurrency, "tau": tau}
     for mode, cap in (("plain", r["max_running_requests"]),
                       ("spec", r["spec_max_running_requests"])):
-        b = min(concurrency, cap)
+        b = min(concurrency, cap, kv_requests(box, mode == "spec"))
         step = spec_step(box, b, ctx, shape) if mode == "spec" else plain_step(box, b, ctx)
         per = b * (tau if mode == "spec" else 1.0)
         life = out_len / (per / b) * step["ms"] + b * prefill_ms(box, mode == "spec")
@@ -159,7 +191,7 @@ def off_level(box: dict[str, Any], concurrency: int) -> dict[str, Any]:
     under the speculative server's cap and overlap rule."""
     r, w = rules(box), box["workload"]
     out_len, ctx = float(w["output_len"]), float(w["prompt_len"]) + float(w["output_len"]) / 2
-    b = min(concurrency, r["spec_max_running_requests"])
+    b = min(concurrency, r["spec_max_running_requests"], kv_requests(box, True))
     pb = padded(box, b, spec=True)
     step = {"target": forward(box, pb, b, ctx), "extend": forward(box, pb, b, ctx, "draft"),
             "host": _host(box, b, r["spec_overlap"])}

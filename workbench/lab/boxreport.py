@@ -13,9 +13,11 @@ from workbench.errors import ConfigError
 from workbench.lab.boxfit import (
     FIT_KEYS,
     SEEDS,
+    claims_hold,
     crossing_band,
     fit,
     fusion_account,
+    load_claims,
     load_seeds,
     predict,
     tau_band,
@@ -128,10 +130,12 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                            "tau": tau, "rules": rules(box), "provenance": box.get("provenance")}
     if seeds is not None:
         obs = load_seeds(seeds)
+        claims = load_claims(seeds)
         res = fit(box, obs, tau, tuple(fit_keys))
-        band = tau_band(box, obs)
+        band = tau_band(box, obs, claims=claims)
         if band["band"] is None:
-            raise ConfigError("lab box: no τ in 1.1..4 fits the numbers within ±20 %")
+            raise ConfigError("lab box: no τ in 1.1..4 fits the numbers within ±20 % with "
+                              "their claims holding")
         lo, hi = band["band"]
         ends = [predict(fit(box, obs, t, tuple(fit_keys))["box"], obs, t) for t in (lo, hi)]
         for row, a, b in zip(res["numbers"], *ends, strict=True):
@@ -142,7 +146,10 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
                        "from": list(fit_keys)},
             "numbers": res["numbers"], "loo": res["loo"],
             "tau_band": {"band": band["band"], "narrow_with": band["narrow_with"],
-                         "rule": "every prediction within ±20 % (the fit redone at each τ)"},
+                         "rule": "every prediction within ±20 % and every claim of the "
+                                 "numbers' sentences holding (the fit redone at each τ)",
+                         "claims": [{**c, "holds": claims_hold(res["box"], obs, [c], tau)[
+                             c["key"]]} for c in claims]},
             "fusion": fusion_account(res, obs),
             "crossing": crossing_band(box, obs, band["band"])})
         out["saturation_level"] = saturation_sensitivity(box, obs, tau, tuple(fit_keys))
@@ -233,6 +240,7 @@ def print_report(rep: dict[str, Any]) -> None:
         print(f"{r['concurrency']:>4} " + " ".join(f"{c:>22}" for c in cells))
     print(f"{'c':>4} {'plain':>8} {'eagle3':>8} {'gain':>6}  batch p/s")
     for r in rep["what_if"]:
+        capped = [m for m in ("plain", "spec") if r[f"{m}_capped"]]
+        note = f" ({'/'.join(capped)} at its cap: the server queues the rest)" if capped else ""
         print(f"{r['concurrency']:>4} {r['plain_tok_s']:>8.1f} {r['spec_tok_s']:>8.1f} "
-              f"{r['gain']:>6.2f}  {r['plain_batch']}/{r['spec_batch']}"
-              f"{' (spec capped: the server queues the rest)' if r['spec_capped'] else ''}")
+              f"{r['gain']:>6.2f}  {r['plain_batch']}/{r['spec_batch']}{note}")
