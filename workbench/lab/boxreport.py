@@ -223,8 +223,9 @@ def print_report(rep: dict[str, Any]) -> None:
                              if k not in ("top_level", "floor_ms", "attn_ns"))
             print(f"  if 'saturating' was measured at c = {r['top_level']}: {errs}")
         cr = rep["crossing"]
-        print(f"stop speculating from concurrency {cr['range'][0]}..{cr['range'][1]} over the "
-              f"τ band; {cr['narrow_with']}")
+        lo, hi = cr["range"]
+        span = f"{lo}" if lo == hi else f"{lo}..{hi}"
+        print(f"stop speculating from concurrency {span} over the τ band; {cr['narrow_with']}")
     names = [k for k in rep["policies"][0] if k != "concurrency"]
     print("tok/s by policy (τ " + f"{rep['tau']:.2f}" + (
         "; in brackets the range over the τ band, each with its own fit" if
