@@ -9,7 +9,9 @@ hold, whatever its client does or does not do.
 - The head bound: a request head over ``max_header_bytes`` → 431 naming ``headers`` (h11's own
   bound only applies while a head is incomplete, so one arriving whole passed at any size).
 - A write timeout: an answer whose unsent bytes make no progress for ``write_timeout_s`` (a
-  client that never reads) is dropped, and its buffer with it (nginx's ``send_timeout``).
+  client that never reads), streamed or not, is dropped, and its buffer with it (nginx's
+  ``send_timeout``); the allocator then gives its free pages back to the system
+  (:func:`return_memory`), so the process's memory comes back after a stalled large answer.
 - Idle sockets never deny service: open connections are bounded by ``max_connections`` apart
   from the request limit; at the bound the longest-idle connection is closed to make room (one
   without a request in progress), so /health and real requests always get a socket.
@@ -26,6 +28,8 @@ hold, whatever its client does or does not do.
 from __future__ import annotations
 
 import contextvars
+import ctypes
+import ctypes.util
 import fcntl
 import json
 import logging
@@ -43,6 +47,35 @@ LINGER_BYTES = 64 << 20  # discarded after a refusal before the connection is dr
 # the connection whose bytes started the current request (set before uvicorn starts its task)
 CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("workbench_connection",
                                                                  default=None)
+
+
+_LIBC: Any = None
+_trimming = False
+
+
+def return_memory(loop: Any) -> None:
+    """glibc keeps freed heap memory for reuse (a dropped 25 MB answer's pages stay in the
+    process): ``malloc_trim(0)`` on a worker thread gives the free pages back, at most one at
+    a time. Elsewhere than glibc there is nothing to call (said once in the log)."""
+    global _LIBC, _trimming
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        lib = ctypes.CDLL(name) if name else None
+        _LIBC = lib if lib is not None and hasattr(lib, "malloc_trim") else False
+        if not _LIBC:
+            log.info("no malloc_trim in this C library: freed memory stays with the allocator")
+    if not _LIBC or _trimming:
+        return
+    _trimming = True
+
+    def trim() -> None:
+        global _trimming
+        try:
+            _LIBC.malloc_trim(0)
+        finally:
+            _trimming = False
+
+    loop.run_in_executor(None, trim)
 
 
 class GuardedTransport:
@@ -232,6 +265,7 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
                 log.info("dropping %s: %d bytes unsent and none taken for %.0f s", who, unsent,
                          write_s)
                 self._raw.abort()
+                return_memory(self.loop)
                 return
             self._write_timer = self.loop.call_later(min(1.0, write_s / 4), self._check_write)
 
