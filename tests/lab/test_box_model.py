@@ -146,6 +146,13 @@ def test_lab_box_fits_a_measured_sweep(seeds_box: dict) -> None:
     assert rep["fitted"]["floor_ms"] == pytest.approx(3.0, rel=1e-3)
     assert rep["fitted"]["attn_ns"] == pytest.approx(5.0, rel=1e-3)
     assert len(rep["loo"]) == 8 and all(abs(r["error"]) < 1e-3 for r in rep["loo"])
+    import pandas as pd
+
+    recs = pd.DataFrame({"tau": [2.0] * 10, "prompt_len": [1024] * 10,
+                         "output_len": [1024] * 10, "ttft_s": [0.2 + 0.01 * i for i in range(10)]})
+    rep = box_report("seeds", threshold={"rows": rows}, records=recs)
+    assert rep["prefill"]["ttft_p10_ms"] == pytest.approx(209.0, abs=1.0)
+    assert rep["prefill"]["model_ms"] > 0 and "error" in rep["prefill"]
     with pytest.raises(ConfigError, match="no τ"):
         box_report("seeds", threshold={"rows": [{**r, "tau": None} for r in rows]})
 

@@ -22,7 +22,7 @@ from workbench.lab.boxfit import (
     predict,
     tau_band,
 )
-from workbench.lab.boxmodel import crossing, level, off_level, what_if
+from workbench.lab.boxmodel import crossing, level, off_level, prefill_ms, what_if
 from workbench.lab.boxspec import load_box, rules, with_sets
 
 # vLLM's docs, dynamic speculative decoding with EAGLE-3 (workbench.lab.arms): batch -> tokens
@@ -177,7 +177,13 @@ def _sweep_report(box: dict[str, Any], preset: Any, sets: Sequence[str], thresho
     for row in res["numbers"]:
         row["band"] = [row["predicted"], row["predicted"]]
     levels = sorted({int(o["concurrency"]) for o in obs})
-    return {"box": box.get("name"), "preset": str(preset), "sets": list(sets), "tau": tau,
+    prefill = {"model_ms": prefill_ms(res["box"], True)}
+    if records is not None and len(records) and records["ttft_s"].notna().any():
+        # the fastest tenth of first tokens: a prefill that waited for nothing
+        prefill["ttft_p10_ms"] = float(records["ttft_s"].dropna().quantile(0.1)) * 1e3
+        prefill["error"] = prefill["model_ms"] / prefill["ttft_p10_ms"] - 1.0
+    return {"box": box.get("name"), "prefill": prefill, "preset": str(preset),
+            "sets": list(sets), "tau": tau,
             "rules": rules(box), "provenance": box.get("provenance"),
             "fitted": {"floor_ms": res["floor_ms"], "attn_ns": res["attn_ns"],
                        "from": [o["key"] for o in obs]},
@@ -226,6 +232,10 @@ def print_report(rep: dict[str, Any]) -> None:
         lo, hi = cr["range"]
         span = f"{lo}" if lo == hi else f"{lo}..{hi}"
         print(f"stop speculating from concurrency {span} over the τ band; {cr['narrow_with']}")
+    pf = rep.get("prefill") or {}
+    if "ttft_p10_ms" in pf:
+        print(f"prefill: the model {pf['model_ms']:.1f} ms per request, the records' fastest "
+              f"tenth of TTFT {pf['ttft_p10_ms']:.1f} ms ({pf['error']:+.0%})")
     names = [k for k in rep["policies"][0] if k != "concurrency"]
     print("tok/s by policy (τ " + f"{rep['tau']:.2f}" + (
         "; in brackets the range over the τ band, each with its own fit" if
