@@ -33,6 +33,7 @@ from serve.serving import CANARY, serving, still_serves, with_chat_template
 import workbench as wb
 from workbench.config import SEED_MAX
 from workbench.errors import ConfigError
+from workbench.serve import frontend
 from workbench.serve.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from workbench.serve.server import ServeLimits, ServerHandle, api_key_from_args
 
@@ -128,34 +129,46 @@ def test_incremental_streaming_sends_each_row_once(micro_target: Path, serve_hea
     assert events[-1]["meta_info"]["completion_tokens"] == len(whole["output_ids"])
 
 
-def test_big_answers_are_serialized_off_the_event_loop(adv: ServerHandle,
-                                                       canary_text: str) -> None:
-    """While answers of ~20,000 entries are built, /health keeps answering quickly (it waited
-    for the JSON to be built on the event loop: 41 s in the 514 MB case)."""
+def test_big_answers_are_serialized_off_the_event_loop(adv: ServerHandle, canary_text: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers of ~20,000 entries are built and serialized on the encoder threads, never on the
+    event loop (built there, /health waited 41 s in the 514 MB case), and /health keeps
+    answering meanwhile. What is checked is where the work runs, not how fast: a latency bound
+    would measure whatever else the machine runs."""
+    where: list[str] = []
+    real = frontend.json_bytes
+
+    def spy(obj: Any) -> bytes:
+        where.append(threading.current_thread().name)
+        return real(obj)
+
+    monkeypatch.setattr(frontend, "json_bytes", spy)
     body = gen(return_logprob=True, top_logprobs_num=200, logprob_start_len=0,
                sampling_params={"max_new_tokens": 48, "temperature": 0, "ignore_eos": True},
                text="def parse(path):\n    with open(path) as f:\n")
     done = threading.Event()
     statuses: list[int] = []
+    sizes: list[int] = []
 
     def big() -> None:
         with httpx.Client(timeout=120) as c:
             for _ in range(3):
-                statuses.append(c.post(adv.url + "/generate", json=body).status_code)
+                r = c.post(adv.url + "/generate", json=body)
+                statuses.append(r.status_code)
+                sizes.append(len(r.content))
         done.set()
 
     th = threading.Thread(target=big)
     th.start()
-    worst = 0.0
-    with httpx.Client(timeout=30) as c:
+    health: list[int] = []
+    with httpx.Client(timeout=120) as c:
         while not done.is_set():
-            t0 = time.perf_counter()
-            assert c.get(adv.url + "/health").status_code == 200
-            worst = max(worst, time.perf_counter() - t0)
+            health.append(c.get(adv.url + "/health").status_code)
             time.sleep(0.01)
     th.join()
-    assert statuses == [200, 200, 200]
-    assert worst < 5.0, worst  # a loose bound: the machine is shared; the failure was 41 s
+    assert statuses == [200, 200, 200] and min(sizes) > 100_000
+    assert len(where) == 3 and all(name.startswith("workbench-encode") for name in where), where
+    assert health and set(health) == {200}
     still_serves(adv, canary_text)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -155,23 +154,25 @@ def test_health_answers_while_the_request_limit_is_full(adv: ServerHandle,
 
 
 def test_every_accepted_connection_has_nodelay(adv: ServerHandle, canary_text: str) -> None:
-    with httpx.Client(timeout=30) as c:
-        assert c.get(adv.url + "/health").status_code == 200
+    """Nagle + delayed ACK made keep-alive answers ~40 ms slower: every accepted connection,
+    kept alive or fresh, has TCP_NODELAY set (the option, not a latency: a latency bound would
+    measure whatever else the machine runs)."""
+    def nodelay_on_every_connection() -> int:
         socks = [p.transport.get_extra_info("socket") for p in
                  list(adv.server.server_state.connections)]
-        assert socks and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in socks)
-        keep = []
-        for _ in range(30):
-            t0 = time.perf_counter()
+        assert socks and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                             for s in socks)
+        return len(socks)
+
+    with httpx.Client(timeout=30) as c:
+        assert c.get(adv.url + "/health").status_code == 200
+        nodelay_on_every_connection()
+        for _ in range(5):
             assert c.get(adv.url + "/health").status_code == 200
-            keep.append(time.perf_counter() - t0)
-    fresh = []
-    for _ in range(30):
-        t0 = time.perf_counter()
-        assert httpx.get(adv.url + "/health", timeout=30).status_code == 200
-        fresh.append(time.perf_counter() - t0)
-    # Nagle + delayed ACK made keep-alive ~40 ms slower; a loose bound (shared machine)
-    assert statistics.median(keep) < statistics.median(fresh) + 0.02, (keep, fresh)
+        nodelay_on_every_connection()  # still set on the kept-alive connection
+        with httpx.Client(timeout=30) as fresh:
+            assert fresh.get(adv.url + "/health").status_code == 200
+            assert nodelay_on_every_connection() >= 2  # a second connection, set too
     still_serves(adv, canary_text)
 
 

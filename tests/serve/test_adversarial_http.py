@@ -443,13 +443,14 @@ def test_health_reports_the_heartbeat(client: httpx.Client, adv: ServerHandle,
 
 def test_health_turns_red_while_a_step_hangs(adv: ServerHandle, canary_text: str) -> None:
     """A step stuck longer than health_step_s: /health 503 (HTTP itself is fine), then 200
-    again once the step ends."""
-    hung = threading.Event()
+    again once the step ends. The step is held until the test has seen the 503 (at most
+    DEADLINE_S), so the verdict does not hang on how fast a busy machine polls."""
+    hung, released = threading.Event(), threading.Event()
 
     def slow_once(event: object) -> None:
         if not hung.is_set():
             hung.set()
-            time.sleep(3 * LIMITS.health_step_s)
+            released.wait(DEADLINE_S)
 
     handle = adv.call(lambda e: e.hooks.register(slow_once, ["StepTiming"]))
     try:
@@ -460,11 +461,13 @@ def test_health_turns_red_while_a_step_hangs(adv: ServerHandle, canary_text: str
         codes = []
         deadline = time.monotonic() + DEADLINE_S
         while time.monotonic() < deadline and 503 not in codes:
-            codes.append(httpx.get(adv.url + "/health", timeout=5).status_code)
+            codes.append(httpx.get(adv.url + "/health", timeout=DEADLINE_S).status_code)
             time.sleep(0.1)
+        released.set()
         assert 503 in codes, codes
         t.join(60)
     finally:
+        released.set()
         adv.call(lambda e: e.hooks.unregister(handle))
     assert httpx.get(adv.url + "/health").status_code == 200
     still_serves(adv, canary_text)

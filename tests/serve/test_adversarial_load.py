@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -85,7 +86,14 @@ def test_a_client_gone_while_queued_leaves_the_queue(micro_target: Path,
             handle.url + "/generate", json=long_body, timeout=120)))
         first.start()
         assert wait_for(lambda: loop.num_running == 1, 30)
-        gate = threading.Event()
+        gate, abort_queued = threading.Event(), threading.Event()
+        queue_abort = loop.abort
+
+        def noted_abort(ticket: Any) -> None:
+            queue_abort(ticket)
+            abort_queued.set()
+
+        loop.abort = noted_abort  # type: ignore[method-assign]
         parked = loop.call(lambda e: gate.wait(60))  # the loop thread waits between two steps
         try:
             host, port = handle.url.removeprefix("http://").rsplit(":", 1)
@@ -95,9 +103,12 @@ def test_a_client_gone_while_queued_leaves_the_queue(micro_target: Path,
                       b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             assert wait_for(lambda: loop.num_pending == 2, 30)  # submitted, not admitted
             s.close()
-            time.sleep(0.5)  # the server notices the disconnect while the loop is parked
+            # the server notices the disconnect while the loop is parked (waited for, not
+            # slept on: a busy machine takes its time)
+            assert abort_queued.wait(30), "the disconnect was never noticed"
         finally:
             gate.set()
+            del loop.abort  # the class's method again
         parked.result(60)
         # the abort was queued behind the submit: one drain of commands, before any step
         assert wait_for(lambda: loop.num_pending == 1, 5), loop.num_pending

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -80,7 +79,6 @@ def test_64_concurrent_streams_with_random_disconnects(server, solo) -> None:
             results[i] = repr(e)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
@@ -99,7 +97,6 @@ def test_64_concurrent_streams_with_random_disconnects(server, solo) -> None:
     assert server.kv_usage()["used_blocks"] == 0
     assert server.loop.num_running == 0
     assert aborted(server) - aborted_before == sum(drop for _, drop, _ in plan)
-    assert time.perf_counter() - t0 < 120
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
