@@ -43,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (serve.hostile_load)
 
 from reliability.kit import serve_subprocess  # noqa: E402
-from serve.hostile_load import KINDS, hostile_threads, normal_requests  # noqa: E402
+from serve.hostile_load import KINDS, hostile_threads, normal_workers  # noqa: E402
 
 NORMAL = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 16,
                                                           "temperature": 0, "ignore_eos": True}}
@@ -136,18 +136,18 @@ def cpu_line(c: dict[str, float]) -> str:
     return f"CPU over {c['wall_s']:.1f} s: " + ", ".join(parts)
 
 
-def window(url: str, meter: CpuMeter, seconds: float, scale: int, only: str | None
-           ) -> tuple[dict[str, Any], dict[str, float], str]:
+def window(url: str, meter: CpuMeter, seconds: float, scale: int, only: str | None,
+           normal: int = 1, every: int = 1) -> tuple[dict[str, Any], dict[str, float], str]:
     """``mixed_load``'s window, with the CPU and the engine's steps counted while the normal
     requests run (not while the hostile clients' last requests drain afterwards)."""
     stop = threading.Event()
     tally: dict[str, Counter[Any]] = {}
-    threads = hostile_threads(url, stop, tally, scale, only)
+    threads = hostile_threads(url, stop, tally, scale, only, every)
     time.sleep(1.0)  # the load builds up
     try:
         before = step_profile(url)
         meter.start()
-        lat, status, _ = normal_requests(url, NORMAL, seconds)
+        lat, status, _ = normal_workers(url, NORMAL, seconds, normal)
         cpu = meter.stop()
         steps = steps_line(before, step_profile(url))
     finally:
@@ -183,6 +183,10 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="only the hostile kinds whose name has this")
     ap.add_argument("--each", action="store_true",
                     help="also one window per hostile kind alone (--load seconds each)")
+    ap.add_argument("--normal", type=int, default=1,
+                    help="normal clients at once (alone and under the load)")
+    ap.add_argument("--every", type=int, default=1,
+                    help="multiplies every hostile kind's threads (12 at 1, 24 at 2)")
     ns = ap.parse_args()
     proc, url = serve_subprocess(ns.model, ns.draft)
     meter = CpuMeter(proc.pid)
@@ -195,17 +199,18 @@ def main() -> int:
               f"{'within' if abs(keep - fresh) <= 2e-3 else 'NOT within'} 2 ms)")
         before = step_profile(url)
         meter.start()
-        alone = normal_requests(url, NORMAL, ns.alone)[0]
+        alone = normal_workers(url, NORMAL, ns.alone, ns.normal)[0]
         cpu = meter.stop()
         a = statistics.median(alone)
         print(f"normal requests alone: n={len(alone)}, p50 {a * 1e3:.0f} ms")
         print("  " + cpu_line(cpu))
         print("  " + steps_line(before, step_profile(url)))
-        got, cpu, steps = window(url, meter, ns.load, ns.scale, ns.only)
+        got, cpu, steps = window(url, meter, ns.load, ns.scale, ns.only, ns.normal, ns.every)
         report("under the mixed hostile load", a, got, cpu, steps)
         if ns.each:
             for kind in KINDS:
-                got, cpu, steps = window(url, meter, ns.load, ns.scale, kind)
+                got, cpu, steps = window(url, meter, ns.load, ns.scale, kind, ns.normal,
+                                         ns.every)
                 report(f"under '{kind}' alone", a, got, cpu, steps)
         print(f"load average after: {os.getloadavg()}")
     finally:

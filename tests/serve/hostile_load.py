@@ -40,9 +40,10 @@ def _loop(stop: threading.Event, fn: Callable[[], Any], out: Counter[Any]) -> No
 
 
 def hostile_threads(url: str, stop: threading.Event, tally: dict[str, Counter[Any]],
-                    scale: int = 1, only: str | None = None) -> list[threading.Thread]:
-    """Start the hostile clients (``scale`` multiplies the flood threads; ``only``: the kinds
-    whose name contains it)."""
+                    scale: int = 1, only: str | None = None, every: int = 1,
+                    ) -> list[threading.Thread]:
+    """Start the hostile clients (``scale`` multiplies the flood threads, ``every`` the
+    threads of every kind: 12 at 1, 24 at 2; ``only``: the kinds whose name contains it)."""
     host, port = _addr(url)
     threads: list[threading.Thread] = []
 
@@ -51,7 +52,7 @@ def hostile_threads(url: str, stop: threading.Event, tally: dict[str, Counter[An
         if only is not None and only not in name:
             return
         tally[name] = Counter()
-        for _ in range(n):
+        for _ in range(n * every):
             threads.append(threading.Thread(target=_loop, args=(stop, fn, tally[name]),
                                             daemon=True))
 
@@ -138,6 +139,23 @@ def normal_requests(url: str, body: dict[str, Any], seconds: float,
             status.append(r.status_code)
             texts.append(r.json().get("text", "") if r.status_code == 200 else r.text)
     return lat, status, texts
+
+
+def normal_workers(url: str, body: dict[str, Any], seconds: float, workers: int,
+                   ) -> tuple[list[float], list[int], list[str]]:
+    """:func:`normal_requests` on ``workers`` threads at once, their results together."""
+    if workers == 1:
+        return normal_requests(url, body, seconds)
+    out: list[tuple[list[float], list[int], list[str]]] = []
+    threads = [threading.Thread(target=lambda: out.append(normal_requests(url, body, seconds)))
+               for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == workers, "a normal worker failed (see its traceback above)"
+    return ([x for o in out for x in o[0]], [x for o in out for x in o[1]],
+            [x for o in out for x in o[2]])
 
 
 def mixed_load(url: str, body: dict[str, Any], seconds: float, alone_s: float = 0.0,
