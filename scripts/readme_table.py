@@ -156,16 +156,18 @@ def table(link_base: str = "") -> str:
     """The table as Markdown; links are ``link_base`` + the path from the repository root."""
     files = result_files()
     kinds = sorted({k for _, k in files})
+    cells = {h: {k: cell(h, files.get((h.folder, k)), link_base) for k in kinds}
+             for h in HEADLINES}
+    # a row per headline figure some kind recorded, a column per kind with a figure
+    rows = [h for h in HEADLINES if any(c != "—" for c in cells[h].values())]
+    kinds = [k for k in kinds if any(cells[h][k] != "—" for h in rows)]
     labels = {k: machine_label(files.get(("", k)) or next(p for (_, kk), p in files.items()
                                                           if kk == k)) for k in kinds}
     head = ["figure", *(f"{labels[k]} (`{k}`)" for k in kinds), "command"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for h in HEADLINES:
-        cells = [cell(h, files.get((h.folder, k)), link_base) for k in kinds]
-        if all(c == "—" for c in cells):
-            continue
+    for h in rows:
         cmd = h.command if h.command in ("same", "bench spec (as above)") else f"`{h.command}`"
-        lines.append("| " + " | ".join([h.label, *cells, cmd]) + " |")
+        lines.append("| " + " | ".join([h.label, *(cells[h][k] for k in kinds), cmd]) + " |")
     return "\n".join(lines) + "\n"
 
 

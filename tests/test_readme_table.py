@@ -56,3 +56,18 @@ def test_a_cell_reads_value_interval_date_and_link(tmp_path: Path,
     (tmp_path / "data" / "results" / "some-cpu.json").write_text(json.dumps(result))
     with pytest.raises(ValueError, match="machine.kind is 'other'"):
         readme_table.table()
+
+
+def test_a_kind_with_no_headline_figure_adds_no_column(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    results = tmp_path / "data" / "results"
+    (results / "other-run").mkdir(parents=True)
+    row = {"arm": "workbench", "vs_hf_generate": 1.5}
+    for folder, kind, bench in (("", "kind-a", "peers"), ("other-run", "kind-b", "peers")):
+        doc = {"machine": {"cpu": kind, "kind": kind, "cores": 2},
+               "benchmarks": {bench: {"time": "2026-01-02 03:04:05", "summary": [row]}}}
+        (results / folder / f"{kind}.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(readme_table, "ROOT", tmp_path)
+    monkeypatch.setattr(readme_table, "RESULTS", results)
+    head = readme_table.table().splitlines()[0]
+    assert "kind-a" in head and "kind-b" not in head  # no headline row reads other-run/
