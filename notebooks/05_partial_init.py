@@ -22,7 +22,7 @@
 #
 # 1. every attribute exists, with a safe default, before the first fallible stage;
 # 2. each stage (load config → target → draft → KV pools → attention backends → CUDA graphs →
-#    self-check) is its own method and emits an `InitStage` event;
+#    self-check) is its own function (`engine/stages.py`) and emits an `InitStage` event;
 # 3. a failing stage raises `EngineInitError(stage=..., cause=...)`, frees what was allocated,
 #    and the constructor never returns an object.
 
