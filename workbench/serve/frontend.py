@@ -157,7 +157,8 @@ class ServeState:
         try:
             ticket = self.loop.submit(prompt, parsed.sampling, sink, parsed.stream,
                                       logprobs=parsed.logprobs,
-                                      share="fanout" if parsed.fanout > 1 else "single")
+                                      share="fanout" if parsed.fanout > 1 else "single",
+                                      group=request if parsed.fanout > 1 else None)
         except QueueFull as e:
             raise HTTPError(str(e), None, 503) from None
         except LoopClosed:

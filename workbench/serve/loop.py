@@ -38,13 +38,21 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.config import SamplingParams
-from workbench.core import LogprobParams, RequestOutput
+from workbench.core import LogprobParams
 from workbench.engine.stops import hold_back, text_stops
 from workbench.serve.backpressure import Backpressure
+from workbench.serve.messages import (  # the loop's API: front ends import them from here too
+    Admitted,
+    Chunk,
+    LoopClosed,
+    QueueFull,
+    Rejected,
+    Sink,
+    Ticket,
+)
 from workbench.serve.sglang_metrics import ServeMetrics
 from workbench.serve.step_profile import StepProfile
 
@@ -53,67 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class Sink(Protocol):
-    """Where the loop sends a request's messages; ``put`` must be thread-safe and never block.
-    A sink may offer ``unread() -> int`` (messages not taken yet): backpressure reads it."""
-
-    def put(self, item: object) -> None: ...
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """The engine queued the request as ``rid``; its prompt has ``prompt_tokens`` tokens."""
-
-    rid: int
-    prompt_tokens: int
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """The engine refused the request; ``message`` names the field ("prompt: ...")."""
-
-    message: str
-    status: int = 400
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A request's cumulative output after a step. Final chunks carry the engine's output."""
-
-    token_ids: list[int]
-    text: str
-    num_draft_tokens: int  # the engine's SpecConfig N when the chunk was made; 0: no spec
-    finished: bool
-    finish_reason: str | None = None
-    error: str | None = None
-    output: RequestOutput | None = None
-    matched_stop: int | str | None = None  # finish_reason "stop": the token id or string
-    internal: bool = False  # the error is an engine failure, not this request's own numbers
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One submitted request, as the loop tracks it. ``rid`` is set once admitted."""
-
-    prompt: str | list[int]
-    sampling: SamplingParams
-    sink: Sink
-    stream: bool
-    rid: int | None = None
-    done: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
-    logprobs: LogprobParams | None = None
-    share: str = "single"  # the queue share it counts against (EngineLoop.SHARES)
-
-
-class LoopClosed(RuntimeError):
-    """The loop is stopped or its engine failed; no new work is accepted."""
-
-
-class QueueFull(RuntimeError):
-    """``max_pending`` requests are already submitted and not finished; retry later."""
 
 
 class EngineLoop:
@@ -202,13 +149,14 @@ class EngineLoop:
 
     def submit(self, prompt: Any, sampling: SamplingParams, sink: Sink,
                stream: bool = False, logprobs: LogprobParams | None = None,
-               share: str = "single") -> Ticket:
+               share: str = "single", group: object = None) -> Ticket:
         """Queue a request for admission; answers arrive on ``sink`` (module doc). Raises
         :class:`QueueFull` when ``max_pending`` requests are outstanding, or, for ``share``
         ``"fanout"``, when that share is full (class doc)."""
         if share not in ("single", "fanout"):
             raise ValueError(f"share: 'single' or 'fanout', got {share!r}")
-        ticket = Ticket(prompt, sampling, sink, stream, logprobs=logprobs, share=share)
+        ticket = Ticket(prompt, sampling, sink, stream, logprobs=logprobs, share=share,
+                        group=group)
         with self._lock:
             if self._closed:
                 raise LoopClosed(self.error or "engine loop is stopped")
@@ -400,19 +348,25 @@ class EngineLoop:
 
     def _fanout_room(self) -> bool:
         """May one more choice of a several-choice request run? While single requests run or
-        wait, such choices never outnumber them in the running batch (equal shares by kind: a
-        single request shares the engine with at most one flood choice); otherwise they grow
-        by one per ``FANOUT_RAMP_S`` up to ``FANOUT_SHARE`` of it, starting ``FANOUT_RAMP_S``
-        after the last single request left: the gap between a client's back-to-back requests
-        does not let a flood grow into the batch that client's next request will share."""
+        wait, every HTTP request holds about one slot of the running batch: such choices
+        never outnumber the single requests, nor the several-choice requests they belong to
+        (a flood of n=16 requests from 8 clients holds 8 slots beside 40 single requests, not
+        40: the batch every single request shares stays near its own size); otherwise they
+        grow by one per ``FANOUT_RAMP_S`` up to ``FANOUT_SHARE`` of it, starting
+        ``FANOUT_RAMP_S`` after the last single request left: the gap between a client's
+        back-to-back requests does not let a flood grow into the batch that client's next
+        request will share."""
         assert self.max_running is not None
         held = self.backpressure.held  # count in neither share
-        running = sum(t.share == "fanout" and r not in held for r, t in self._live.items())
+        fan = [t for r, t in self._live.items() if t.share == "fanout" and r not in held]
+        running = len(fan)
         singles = len(self._live) - len(held) - running + len(self._waiting["single"])
         now = time.monotonic()
         if singles:
             self._single_seen = now
-            return running < singles
+            clients = {id(t) if t.group is None else id(t.group)
+                       for t in [*fan, *self._waiting["fanout"]]}
+            return running < min(singles, len(clients))
         return (now - max(self._fan_admitted, self._single_seen) >= self.FANOUT_RAMP_S
                 and running < max(int(self.max_running * self.FANOUT_SHARE), 1))
 
