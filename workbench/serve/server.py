@@ -12,8 +12,10 @@ Endpoints:
   :mod:`workbench.serve.openai_api`.
 - ``GET /health`` (200, or 503 once the engine failed), ``GET /server_info`` (also
   ``/get_server_info``: model paths, spec and engine config, KV usage), ``GET /metrics``
-  (Prometheus text, see :mod:`workbench.serve.metrics`), ``GET /v1/models``
-  (:mod:`workbench.serve.sglang_api`).
+  (Prometheus text, see :mod:`workbench.serve.metrics`; latency histograms timed from
+  arrival: :mod:`workbench.serve.latency`), ``GET /v1/models``
+  (:mod:`workbench.serve.sglang_api`), ``GET /tokenizer_info`` (vLLM's:
+  :mod:`workbench.serve.sglang_admin`).
 
 Concurrency: one :class:`~workbench.serve.loop.EngineLoop` thread owns the engine; the asyncio
 front end (:mod:`workbench.serve.frontend`) only enqueues commands and awaits answers. A client
@@ -31,7 +33,8 @@ arrive within ``read_timeout_s`` is dropped, a connection with no request closes
 ``keep_alive_s``, an answer nobody reads for ``write_timeout_s`` is dropped, heads over
 ``max_header_bytes`` get 431, an early refusal (413) closes by lingering so the client reads it,
 and Nagle is off on every connection. ``api_key``
-requires ``Authorization: Bearer <key>`` on every route but /health. 5xx bodies never carry
+requires exactly one ``Authorization: Bearer <key>`` header (the scheme in any case) on
+every route but /health. 5xx bodies never carry
 exception text: they name an error id, logged with the details. /health is red (503) when the
 engine loop died or a step has run longer than ``health_step_s``; ``workbench serve`` exits
 non-zero when the engine loop dies, so a supervisor restarts it.
