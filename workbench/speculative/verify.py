@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -60,18 +61,29 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
         forced = torch.tensor([lo + (1 if torch.rand((), device="cpu") < a - lo else 0)
                                for _ in reqs], device=dev)
         return simulated_verify(tree, target_logits, forced), errors
-    if all(r.sampling.greedy for r in reqs):
+    greedy = [r.sampling.greedy for r in reqs]
+    if all(greedy):
         return greedy_verify(tree, target_logits), errors
-    b, n = tree.tokens.shape
+    if any(greedy):
+        return mixed_verify(tree, target_logits, reqs, greedy, errors), errors
+    idx, n_acc, bonus = _sampled_walk(tree.tokens, tree.parents, target_logits, reqs, errors)
+    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
+                        target_tokens=target_logits.argmax(-1)), errors
+
+
+def _sampled_walk(tokens: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor,
+                  reqs: Sequence[Request], errors: dict[int, str],
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rejection sampling (module doc) for sampled requests' trees (``tokens``, ``parents``:
+    (b, N); ``target_logits``: (b, N, V)): accept_index, accept_len, bonus."""
+    dev = target_logits.device
+    b, n = tokens.shape
     logits = target_logits.float()
     probs = torch.zeros_like(logits)
     # the coins come from each request's own (host) generator, then move once
     coins = torch.zeros(b, n, device="cpu")
     final_u = torch.zeros(b, device="cpu")
     for i, r in enumerate(reqs):
-        if r.sampling.greedy:  # one-hot at the argmax: rejection sampling reduces to greedy
-            probs[i].scatter_(-1, logits[i].argmax(-1, keepdim=True), 1.0)
-            continue
         row = process_probs(logits[i], r.sampling)
         if not valid_distribution(row):
             errors[r.rid] = (f"sampling: no valid distribution at position {r.kv_len} "
@@ -80,7 +92,43 @@ def accept(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request]
         probs[i] = row
         coins[i] = torch.rand(n, generator=r.generator, device="cpu")
         final_u[i] = torch.rand((), generator=r.generator, device="cpu")
-    return sample_verify(tree, probs, coins.to(dev), final_u.to(dev)), errors
+    return kernels.tree_speculative_sample(tokens, parents, probs, coins.to(dev),
+                                           final_u.to(dev))
+
+
+def mixed_verify(tree: DraftTree, target_logits: torch.Tensor, reqs: Sequence[Request],
+                 greedy: list[bool], errors: dict[int, str]) -> VerifyResult:
+    """A batch of greedy and sampled requests: the greedy rows take the greedy walk (what
+    rejection sampling against a one-hot target at the argmax reduces to, token for token:
+    the first child equal to the argmax, else the argmax as bonus; no coin drawn), the sampled
+    rows rejection sampling over their own rows only, so a greedy request pays no
+    distribution over the vocabulary because a sampled one shares its step. One argmax pass
+    gives the greedy rows' targets, every row's ``target_tokens`` and its finiteness."""
+    predict, top = argmax_max_rows(target_logits)  # (B, N) each
+    dev = predict.device
+    b, n = tree.tokens.shape
+    g = [i for i, x in enumerate(greedy) if x]
+    s = [i for i, x in enumerate(greedy) if not x]
+    gi = torch.tensor(g, dtype=torch.int64, device=dev)
+    si = torch.tensor(s, dtype=torch.int64, device=dev)
+    host = None if tree.host is None else ([tree.host[0][i] for i in g],
+                                           [tree.host[1][i] for i in g])
+    g_idx, g_acc, g_bonus, _ = _greedy_walk(tree.tokens.index_select(0, gi),
+                                            tree.parents.index_select(0, gi),
+                                            predict.index_select(0, gi), host)
+    s_idx, s_acc, s_bonus = _sampled_walk(tree.tokens.index_select(0, si),
+                                          tree.parents.index_select(0, si),
+                                          target_logits.index_select(0, si),
+                                          [reqs[i] for i in s], errors)
+    idx = torch.full((b, n), -1, dtype=torch.int64, device=dev)
+    n_acc = torch.zeros(b, dtype=torch.int64, device=dev)
+    bonus = torch.zeros(b, dtype=torch.int64, device=dev)
+    for rows, (a, c, d) in ((gi, (g_idx, g_acc, g_bonus)), (si, (s_idx, s_acc, s_bonus))):
+        idx[rows] = a.to(torch.int64)
+        n_acc[rows] = c.to(torch.int64)
+        bonus[rows] = d.to(torch.int64)
+    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict,
+                        finite=finite_rows(top))
 
 
 def _biased(target_logits: torch.Tensor, reqs: Sequence[Request],
@@ -108,16 +156,23 @@ def greedy_verify(tree: DraftTree, target_logits: torch.Tensor) -> VerifyResult:
     parent, then the bonus = argmax at the last accepted node. The argmax's row maxima also
     say whether each request's logits are usable (``VerifyResult.finite``)."""
     predict, top = argmax_max_rows(target_logits)  # (B, N) each
-    finite = finite_rows(top)
+    idx, n_acc, bonus, host = _greedy_walk(tree.tokens, tree.parents, predict, tree.host)
+    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict,
+                        host=host, finite=finite_rows(top))
+
+
+def _greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, predict: torch.Tensor,
+                 host: tuple[list[list[int]], list[list[int]]] | None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    """The greedy walk over trees (``tokens``, ``parents``) given the target's argmax at
+    every node: accept_index, accept_len, bonus and, from the CPU walk, its host lists."""
     if predict.device.type == "cpu" and kernels.backend_for(predict.device) == "reference":
         # the CPU walk (kernels.greedy_accept's choice there); its host lists ride along
-        (idx, n_acc, bonus), host = reference.greedy_accept_host(tree.tokens, tree.parents,
-                                                                 predict, tree.host)
-        return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
-                            target_tokens=predict, host=host, finite=finite)
-    idx, n_acc, bonus = kernels.greedy_accept(tree.tokens, tree.parents, predict)
-    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus, target_tokens=predict,
-                        finite=finite)
+        (idx, n_acc, bonus), lists = reference.greedy_accept_host(tokens, parents, predict,
+                                                                  host)
+        return idx, n_acc, bonus, lists
+    idx, n_acc, bonus = kernels.greedy_accept(tokens, parents, predict)
+    return idx, n_acc, bonus, None
 
 
 def finite_rows(top: torch.Tensor) -> list[bool]:
