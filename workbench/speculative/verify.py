@@ -13,7 +13,8 @@ verified token; each node sees its ancestors). Then, per request, walk down from
   accepted → move to it with a fresh ``p``; rejected → ``p[x] = 0`` and test the next child.
   When none is accepted, the bonus is drawn from ``p / Σp`` (the residual). With one-hot
   (top-k) drafts the emitted tokens are distributed exactly as sampling token by token.
-  A greedy request in a mixed batch gets a one-hot ``p`` at its argmax: the same walk.
+  A greedy request in a batch with sampled ones takes the greedy walk on its own rows
+  (:func:`mixed_verify`): what this walk does with a one-hot ``p`` at its argmax.
 * a request's ``logit_bias`` is added to its target logits before either rule (as plain
   decoding adds it before sampling), so the walks accept against the biased distribution.
 * **simulated** (``SpecConfig.simulate_accept_length``, NOT lossless: performance studies):
