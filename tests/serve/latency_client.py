@@ -6,17 +6,20 @@ gaps' sum and token count, and its end-to-end latency, in seconds.
 Times come from the kernel: each read's receive timestamp (``SO_TIMESTAMPNS``: when the bytes
 reached this socket, not when this process got round to reading them), so a busy machine that
 delays the client does not lengthen what it measures. A request starts just before its bytes
-are sent (the connection is open already, as a keep-alive client's is)."""
+are sent (the connection is open already, as a keep-alive client's is). Each concurrent client
+is a process of its own: clients on threads of one interpreter waited for each other's lock
+between reading the clock and sending."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import re
 import socket
 import struct
 import sys
-import threading
 import time
+from typing import Any
 from urllib.parse import urlparse
 
 EVENT = re.compile(rb"data: (.*?)\n\n", re.S)
@@ -74,31 +77,38 @@ def one(s: socket.socket, host: str, port: int, prompt: str, max_new: int) -> di
                         "e2e": t - t0, "tokens": sent}
 
 
+def worker(host: str, port: int, w: int, each: int, max_new: int, start: Any,
+           out: Any) -> None:
+    """One client process: its own connection and interpreter, so no other client's thread
+    holds a lock between its clock read and its send."""
+    try:
+        with connect(host, port) as s:
+            start.wait()
+            out.put([one(s, host, port, PROMPTS[(w + i) % len(PROMPTS)], max_new)
+                     for i in range(each)])
+    except BaseException as e:  # noqa: BLE001 (sent to the parent, which fails the run)
+        out.put(repr(e))
+        raise
+
+
 def main() -> None:
     url, conc, each, max_new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     u = urlparse(url)
     host, port = u.hostname or "127.0.0.1", int(u.port or 80)
+    ctx = mp.get_context("fork")
+    start, out = ctx.Barrier(conc), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(host, port, w, each, max_new, start, out))
+             for w in range(conc)]
+    for p in procs:
+        p.start()
     results: list[dict] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(conc)
-
-    def worker(w: int) -> None:
-        try:
-            with connect(host, port) as s:
-                start.wait()
-                for i in range(each):
-                    results.append(one(s, host, port, PROMPTS[(w + i) % len(PROMPTS)],
-                                       max_new))
-        except BaseException as e:  # noqa: BLE001 (reported below: the run fails)
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(conc)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    for _ in procs:
+        got = out.get(timeout=300)
+        if isinstance(got, str):
+            raise RuntimeError(f"a client process failed: {got}")
+        results += got
+    for p in procs:
+        p.join(60)
     print(json.dumps(results))
 
 
