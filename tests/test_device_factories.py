@@ -32,6 +32,7 @@ FACTORIES = frozenset({
 CHECKED = (
     "core.py",
     "engine/engine.py",
+    "engine/stages.py",
     "engine/runner.py",
     "engine/worker.py",
     "engine/output.py",
