@@ -128,3 +128,26 @@ def test_target_forward_embedding_and_rope_unchanged() -> None:
     assert torch.equal(outs[0][0], outs[1][0])
     assert outs[0][1] is not None and outs[1][1] is not None
     assert torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_target_fuses_in_any_gemm_order(tied: bool) -> None:
+    """fuse('dense') then fuse('onednn') (what autotune does when oneDNN wins): the head stays
+    a plain attribute, never a registered parameter, so the second fuse can hold a packed copy
+    and the state dict names only the checkpoint's tensors."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no mkldnn")
+    import dataclasses
+
+    model = LlamaForCausalLM(dataclasses.replace(CFG, tie_word_embeddings=tied))
+    init_weights(model, seed=3)
+    names = set(model.state_dict())
+    logits = []
+    for gemm in ("dense", "onednn", "dense"):
+        model.fuse(gemm)
+        assert set(model.state_dict()) == names and "_head" not in dict(model.named_parameters())
+        with torch.inference_mode():
+            logits.append(model.logits(torch.randn(2, 32, generator=torch.Generator()
+                                                           .manual_seed(1))))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-5)
+    assert torch.equal(logits[2], logits[0])

@@ -246,7 +246,8 @@ class LlamaForCausalLM(nn.Module):
             else:
                 fuse_linears([self.lm_head])
                 head = self.lm_head.weight
-        self._head = prepare_weight(head, self.gemm)
+        self._head = prepare_weight(head.detach(), self.gemm)  # never a Parameter: a
+        # plain attribute, so a later fuse may hold a packed copy instead
         self._fast = [FastLayer.of(layer, self.gemm) for layer in layers]
 
     # -- engine path -----------------------------------------------------------------------

@@ -297,7 +297,7 @@ def _requests(samples: Sequence[CostSample]) -> npt.NDArray[np.float64]:
 def _fit_with_bytes(samples: list[CostSample],
                     weights: ExpertBytes) -> tuple[LinearCost, float, float]:
     """Target ms = a + b·T + c·T·C/1000 + r·R + ms_per_gb·expert_gb(T) + ms_sorted·L·[T > 1],
-    least squares (columns the samples cannot tell apart dropped, as :meth:`LinearCost.fit`;
+    non-negative least squares (columns the samples cannot tell apart dropped, as :meth:`LinearCost.fit`;
     the dispatch column only when there are one-token and longer forwards and enough token
     counts besides)."""
     t = np.array([s.tokens for s in samples], dtype=np.float64)
@@ -309,7 +309,12 @@ def _fit_with_bytes(samples: list[CostSample],
     multi = (t > 1).astype(np.float64) * weights.moe_layers
     if (t <= 1).any() and np.unique(t[t > 1]).size > 2:
         cols["sorted"] = multi
-    coef, *_ = np.linalg.lstsq(np.stack(list(cols.values()), axis=1), y, rcond=None)
+    # every term is a cost, so none is negative: the expert-bytes column and b are nearly
+    # collinear, and plain least squares on noisy timings (a busy machine) traded a large
+    # negative b against a large ms_per_gb until a one-token forward cost 0 ms
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(np.stack(list(cols.values()), axis=1), y)
     fit = dict(zip(cols, (float(v) for v in coef), strict=True))
     per_gb, sorted_ms = fit.pop("gb"), fit.pop("sorted", 0.0)
     return LinearCost(**fit), per_gb, sorted_ms
