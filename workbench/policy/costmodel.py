@@ -297,9 +297,9 @@ def _requests(samples: Sequence[CostSample]) -> npt.NDArray[np.float64]:
 def _fit_with_bytes(samples: list[CostSample],
                     weights: ExpertBytes) -> tuple[LinearCost, float, float]:
     """Target ms = a + b·T + c·T·C/1000 + r·R + ms_per_gb·expert_gb(T) + ms_sorted·L·[T > 1],
-    non-negative least squares (columns the samples cannot tell apart dropped, as :meth:`LinearCost.fit`;
-    the dispatch column only when there are one-token and longer forwards and enough token
-    counts besides)."""
+    non-negative least squares (columns the samples cannot tell apart dropped, as
+    :meth:`LinearCost.fit`; the dispatch column only when there are one-token and longer
+    forwards and enough token counts besides)."""
     t = np.array([s.tokens for s in samples], dtype=np.float64)
     y = np.array([s.ms for s in samples], dtype=np.float64)
     ctx = np.array([s.context for s in samples], dtype=np.float64)
