@@ -37,11 +37,14 @@ def tokenize(tokenizer: Any, vocab_size: int, prompt: Prompt, field: str = "prom
         from jinja2 import TemplateError
 
         try:
-            return list(tokenizer.apply_chat_template(items, add_generation_prompt=True,
-                                                      tokenize=True))
+            # rendered, then encoded as the server's chat endpoint does (tokenize=True returns
+            # a BatchEncoding in transformers 5, whose list is its keys)
+            text = tokenizer.apply_chat_template(items, add_generation_prompt=True,
+                                                 tokenize=False)
         except TemplateError as e:  # the template's raise_exception: these messages refused
             raise RequestError(f"{field}: the chat template refuses these messages: {e}"
                                ) from None
+        return list(tokenizer.encode(text, add_special_tokens=False))
     if not items:
         raise RequestError(f"{field}: empty prompt")
     for t in items:
