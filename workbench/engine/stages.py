@@ -8,7 +8,6 @@ of the engine it builds. Every stage either returns a detail string (or None) or
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
 
 def load_config(eng: Engine) -> None:
     """The model's config, the length limits, the EOS ids and (when present) the tokenizer."""
-    from workbench.models.loader import resolve_path
+    from workbench.models.loader import load_tokenizer, resolve_path
 
     folder = resolve_path(eng.model_path)
     eng.model_path = folder
@@ -34,11 +33,9 @@ def load_config(eng: Engine) -> None:
     cfg_len = eng.model_config.max_position_embeddings
     eng.max_model_len = eng.out.max_model_len = min(cfg_len, eng.config.max_model_len or cfg_len)
     eng.eos_ids = eng.out.eos_ids = set(eng.model_config.eos_token_id)
-    if (Path(folder) / "tokenizer.json").is_file() or \
-            (Path(folder) / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        eng.tokenizer = eng.out.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tok = load_tokenizer(folder)
+    if tok is not None:
+        eng.tokenizer = eng.out.tokenizer = tok
 
 
 def autotune(eng: Engine) -> str:

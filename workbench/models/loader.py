@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -14,6 +15,7 @@ from torch import nn
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
+from workbench.models.gguf import config_from_metadata, find_gguf, open_gguf, read_tensors
 from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
 from workbench.models.moe_model import MoeForCausalLM
 
@@ -32,9 +34,16 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_path(path: str | Path) -> Path:
-    """A local folder, or a hub id resolved through the local HF cache (download if online)."""
+    """A local folder or ``.gguf`` file (a pointer folder, ``gguf.json``, resolves to the cache
+    folder it names), or a hub id resolved through the local HF cache (download if online)."""
     p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return p
     if p.is_dir():
+        if (p / "gguf.json").is_file():
+            from workbench.models.fetch import resolve_pointer
+
+            return resolve_pointer(p)
         return p
     s = str(path)
     if s.count("/") == 1 and not s.startswith((".", "/")):
@@ -124,12 +133,16 @@ def text_tensors(tensors: dict[str, torch.Tensor],
 
 def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
                 device: str = "cpu") -> tuple[Target, ModelConfig, Path]:
-    """A target folder → (model, config, folder). Dense families build
+    """A target folder or GGUF file → (model, config, path). Dense families build
     :class:`LlamaForCausalLM`, MoE families :class:`MoeForCausalLM`; ``model.load_note`` says
-    what a multimodal checkpoint's loader skipped (empty otherwise)."""
+    what a multimodal checkpoint's loader skipped (empty otherwise) or which GGUF was
+    dequantised."""
     folder = resolve_path(path)
-    cfg = ModelConfig.from_folder(folder)
     dt = resolve_dtype(dtype)
+    gguf_file = find_gguf(folder)
+    if gguf_file is not None:
+        return _load_gguf(gguf_file, dt, device) + (folder,)
+    cfg = ModelConfig.from_folder(folder)
     model: Target
     with torch.device("meta"):
         model = MoeForCausalLM(cfg) if cfg.is_moe else LlamaForCausalLM(cfg)
@@ -147,6 +160,66 @@ def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
     model.load_note = note
     model.eval().requires_grad_(False)
     return model, cfg, folder
+
+
+def _load_gguf(path: Path, dt: torch.dtype, device: str) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """A GGUF file → the runtime's Llama (workbench/models/gguf.py). The dequantised tensors
+    become the parameters themselves (``assign=True`` on a model built on the meta device), so
+    the weights are written once and no second copy is ever alive."""
+    with open_gguf(path) as f:
+        cfg = config_from_metadata(f.metadata, f.tensors)
+        tensors = read_tensors(f, cfg, dt, device)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg).to(dt)
+    needed = {k for k in model.state_dict() if not k.startswith("model.rotary_emb")}
+    if cfg.tie_word_embeddings:
+        needed.discard("lm_head.weight")
+    for name in sorted(set(tensors) - needed):
+        raise CheckpointError(f"{path}: GGUF tensor for {name!r}: the model has no such "
+                              "parameter")
+    for name in sorted(needed - set(tensors)):
+        raise CheckpointError(f"{path}: no GGUF tensor for {name!r}")
+    for name, t in tensors.items():
+        want = model.get_parameter(name)
+        if tuple(t.shape) != tuple(want.shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                  f"expected {tuple(want.shape)}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in file
+    model.load_note = f"dequantised {path.name} to {str(dt).removeprefix('torch.')}"
+    model.eval().requires_grad_(False)
+    return model, cfg
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a model path (after :func:`resolve_path`), or None when it has none: a
+    folder's ``tokenizer.json`` / ``tokenizer_config.json`` (AutoTokenizer), else a GGUF file's
+    own vocabulary and chat template (transformers' GGUF conversion)."""
+    p = Path(path)
+    if p.is_dir() and ((p / "tokenizer.json").is_file() or
+                       (p / "tokenizer_config.json").is_file()):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(p))
+    gguf_file = find_gguf(p)
+    if gguf_file is not None:
+        from workbench.models.gguf import load_tokenizer as gguf_tokenizer
+
+        return gguf_tokenizer(gguf_file)
+    return None
+
+
+def transformers_source(path: str | Path) -> tuple[str, dict[str, str]]:
+    """What transformers' ``from_pretrained`` takes for a model path: the folder, plus
+    ``gguf_file=<name>`` for a GGUF (``AutoModelForCausalLM.from_pretrained(folder, **kw)``
+    then dequantises it with its own GGUF loader)."""
+    p = resolve_path(path)
+    gguf_file = find_gguf(p)
+    if gguf_file is None:
+        return str(p), {}
+    return str(gguf_file.parent), {"gguf_file": gguf_file.name}
 
 
 def load_eagle3(path: str | Path, target: Target, dtype: str | torch.dtype = "float32",
