@@ -7,7 +7,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 EXTRAS := dev,notebooks,kernels,serve
 
 .PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks sglang-ref \
-	sglang-client
+	sglang-client llamacpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -63,6 +63,35 @@ $(SGLANG_CLIENT_STAMP): $(SGLANG_CLIENT_REQS)
 	touch $@
 
 sglang-client: $(SGLANG_CLIENT_STAMP)
+
+# llama.cpp as a bs=1 peer (`python -m workbench bench peers --peer llamacpp`): llama-cpp-python
+# built from its PyPI sdist, CPU only, in its own venv under the user cache (one per machine,
+# shared by every clone; `rm -rf ~/.cache/workbench/llamacpp-venv` drops it). GGML_NATIVE=ON
+# compiles for the build machine's ISA (-march=native), which is why the venv is per machine;
+# system-info.txt records the CPU features the library was built with, build-seconds the wall
+# time of the build. Niced, two compile jobs, so a busy machine stays usable.
+LLAMACPP_VENV ?= $(HOME)/.cache/workbench/llamacpp-venv
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_PY := $(LLAMACPP_VENV)/bin/python
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.installed-$(LLAMACPP_VERSION)
+LLAMACPP_CMAKE_ARGS := -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+	-DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+
+$(LLAMACPP_STAMP):
+	rm -rf $(LLAMACPP_VENV)
+	mkdir -p $(dir $(LLAMACPP_VENV))
+	$(PY) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_PY) -m pip install -q --upgrade pip
+	start=$$(date +%s) && \
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		nice -n 10 $(LLAMACPP_PY) -m pip install -q --no-cache-dir --no-binary llama-cpp-python \
+		llama-cpp-python==$(LLAMACPP_VERSION) && \
+	echo $$(( $$(date +%s) - start )) > $(LLAMACPP_VENV)/build-seconds
+	$(LLAMACPP_PY) -c "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())" \
+		> $(LLAMACPP_VENV)/system-info.txt
+	touch $@
+
+llamacpp: $(LLAMACPP_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m workbench demo
