@@ -2,6 +2,8 @@
 
 * spec: EAGLE-3 arms vs baseline at bs=1 (``workbench.bench.spec``);
 * peers: transformers generate / prompt lookup / assisted vs ours (``workbench.bench.peers``);
+  with ``--peer llamacpp``, llama.cpp plain and prompt lookup on the same GGUF
+  (``workbench.bench.llamacpp_peer``);
 * concurrency: closed-loop sweep over concurrency levels with the policy arms
   (``workbench.bench.concurrency``), or against a running server with ``--url``
   (``workbench.bench.http``); the threshold arm's n comes from the cost model calibrated on
@@ -34,6 +36,7 @@ from typing import Any
 from workbench.bench.cli_bs1 import bench_load, bench_peers, bench_shapes, bench_spec
 from workbench.bench.cli_output import COMMAND, announce_conditions
 from workbench.bench.cli_sweeps import bench_concurrency, bench_http, bench_k0, bench_threshold
+from workbench.bench.llamacpp_peer import PEERS, bench_llamacpp, check_args
 from workbench.bench.workloads import DEFAULT_DRAFT, DEFAULT_TARGET
 from workbench.errors import ConfigError
 
@@ -90,6 +93,18 @@ def add_parser(sub: Any) -> None:
                    help="concurrency: run these named policies (never, always, threshold:N|"
                         "auto, table:..., goodput, sglang[:TIERS], vllm[:TABLE]; as `lab "
                         "replay`) beside baseline and never, instead of the default arms")
+    b.add_argument("--peer", default="hf", choices=list(PEERS),
+                   help="peers: hf (transformers' modes, the default) or llamacpp (llama.cpp on "
+                        "the same GGUF, plain and prompt lookup, in its own process: `make "
+                        "llamacpp` builds it)")
+    b.add_argument("--gguf", default=None, metavar="F.gguf",
+                   help="peers --peer llamacpp: the GGUF file llama.cpp loads (default: the one "
+                        "--model names)")
+    b.add_argument("--llamacpp-python", default=None, metavar="PYTHON",
+                   help="peers --peer llamacpp: the python of llama-cpp-python's venv (default: "
+                        "$WORKBENCH_LLAMACPP_PYTHON, else the `make llamacpp` venv)")
+    b.add_argument("--lookup-tokens", type=int, default=10, metavar="N",
+                   help="peers --peer llamacpp: prompt lookup's draft length (num_pred_tokens)")
     b.add_argument("--json", action="store_true",
                    help="concurrency --policy: one JSON object per arm and level on stdout")
     b.set_defaults(fn=run)
@@ -119,6 +134,7 @@ def run(ns: argparse.Namespace) -> int:
     """Entry point of ``python -m workbench bench``: dispatch on ``ns.which``."""
     if ns.which not in COMMANDS:
         raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
+    check_args(ns)  # --peer and its flags, before anything is loaded
     COMMAND["line"] = command_of(ns)
     if getattr(ns, "json", False):  # stdout carries only the JSON rows (bench_policies)
         import contextlib
@@ -128,4 +144,6 @@ def run(ns: argparse.Namespace) -> int:
             announce_conditions()
     else:
         announce_conditions()  # the first line: is the machine busy (figures provisional)?
+    if ns.which == "peers" and getattr(ns, "peer", "hf") == "llamacpp":
+        return bench_llamacpp(ns)
     return COMMANDS[ns.which](ns)

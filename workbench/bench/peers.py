@@ -8,6 +8,9 @@
   mode="reduce-overhead", fullgraph=True)`` — the strongest peer, not the easiest;
 * ``workbench``: our baseline; ``workbench eagle3``: our EAGLE-3 (when a draft is loaded).
 
+llama.cpp on the same GGUF (``--peer llamacpp``) runs in a process of its own:
+``workbench.bench.llamacpp_peer``.
+
 ``startup_s`` is each arm's warm-up (its first call; for the compiled peer one call per prompt,
 since it recompiles for every new prompt length), which for the compiled peer includes the
 compiles; ``compile_s`` is that minus the arm's steady time for the same calls (start-up
@@ -46,11 +49,13 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
     from transformers import AutoModelForCausalLM
 
     from workbench.bench.sanity import mean_ci
+    from workbench.models.loader import transformers_source
 
     if repeats < 1:
         raise ValueError(f"run_peers: repeats must be >= 1, got {repeats}")
-    hf = AutoModelForCausalLM.from_pretrained(str(engine.model_path),
-                                              dtype=torch.float32).eval()
+    # an HF folder as it is; a GGUF file (or a pointer folder) through transformers' GGUF load
+    src, src_kw = transformers_source(engine.model_path)
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **src_kw).eval()
     tok = engine.tokenizer
     asst = None
     if assistant is not None:
@@ -70,8 +75,7 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
         "hf prompt lookup": lambda p: hf_run(p, prompt_lookup_num_tokens=10),
     }
     if compiled:
-        hfc = AutoModelForCausalLM.from_pretrained(str(engine.model_path),
-                                                   dtype=torch.float32).eval()
+        hfc = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **src_kw).eval()
         hfc.generation_config.cache_implementation = "static"
         hfc.forward = torch.compile(hfc.forward, mode="reduce-overhead", fullgraph=True)
         arms[COMPILED] = lambda p: hf_run(p, model=hfc)
