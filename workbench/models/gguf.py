@@ -441,6 +441,12 @@ def chat_template(path: str | Path) -> str | None:
     return t if isinstance(t, str) else None
 
 
+def has_tokenizer(path: str | Path) -> bool:
+    """Whether the file carries a tokenizer (``tokenizer.ggml.model``)."""
+    with open_gguf(path) as f:
+        return "tokenizer.ggml.model" in f.metadata
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """The file's tokenizer (vocabulary, merges, special tokens, chat template) converted by
     transformers' GGUF tokenizer conversion (``AutoTokenizer.from_pretrained(folder,

@@ -205,9 +205,10 @@ def load_tokenizer(path: str | Path) -> Any:
         return AutoTokenizer.from_pretrained(str(p))
     gguf_file = find_gguf(p)
     if gguf_file is not None:
+        from workbench.models.gguf import has_tokenizer
         from workbench.models.gguf import load_tokenizer as gguf_tokenizer
 
-        return gguf_tokenizer(gguf_file)
+        return gguf_tokenizer(gguf_file) if has_tokenizer(gguf_file) else None
     return None
 
 
