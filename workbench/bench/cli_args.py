@@ -87,11 +87,14 @@ def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
     """The ``--model``/``--draft`` engine (baseline only when the draft is missing and
     ``need_draft`` is False)."""
     import workbench as wb
+    from workbench.models.config import ModelConfig
 
     target = Path(ns.model)
-    if not (target / "config.json").is_file():
-        raise ConfigError(f"bench: no target model at {target} (train one with "
-                          "`python -m workbench train-target`, or pass --model)")
+    try:  # the loader's own resolution: a folder's config.json, a .gguf, a pointer folder
+        ModelConfig.from_folder(target)
+    except ConfigError as e:
+        raise ConfigError(f"bench: no target model at {target} ({e}; train one with "
+                          "`python -m workbench train-target`, or pass --model)") from e
     draft = Path(ns.draft) if ns.draft else None
     if draft is not None and not (draft / "config.json").is_file():
         if need_draft:

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, print_choices, run_choices, show, stamp
+from workbench.errors import ConfigError
 
 
 def bench_spec(ns: argparse.Namespace) -> int:
@@ -64,14 +66,23 @@ def _assistant(ns: argparse.Namespace, model_path: str | Path) -> str | None:
     assistant = getattr(ns, "assistant", None)
     if assistant and not (Path(assistant) / "config.json").is_file():
         return None  # no small draft LM shipped
-    tok_a = Path(assistant or "") / "tokenizer.json"
-    tok_t = Path(model_path) / "tokenizer.json"
-    if assistant and (not tok_a.is_file() or not tok_t.is_file()
-                      or tok_a.read_bytes() != tok_t.read_bytes()):
-        print(f"peers: {assistant} has another tokenizer than the target; "
+    if assistant and not same_tokenizer(assistant, model_path):
+        print(f"peers: {assistant} has another tokenizer than the target ({model_path}); "
               "the assisted arm is left out")
         return None
     return assistant
+
+
+def same_tokenizer(a: str | Path, b: str | Path) -> bool:
+    """Do two model paths (folders, GGUF files or pointer folders) carry the same vocabulary
+    (token → id) and special tokens? False when either has no tokenizer."""
+    from workbench.models.loader import load_tokenizer, resolve_path
+
+    ta, tb = load_tokenizer(resolve_path(a)), load_tokenizer(resolve_path(b))
+    if ta is None or tb is None:
+        return False
+    return bool(ta.get_vocab() == tb.get_vocab()
+                and ta.all_special_tokens == tb.all_special_tokens)
 
 
 def bench_peers(ns: argparse.Namespace) -> int:
@@ -124,15 +135,27 @@ def bench_shapes(ns: argparse.Namespace) -> int:
     tau = float(ns.tau)
     spec = args.spec(ns)
     check_tau(tau, spec)  # before anything is loaded
-    prompts = args.prompts(ns)
+    prompts: list[Any] = args.prompts(ns)
     shapes = dict(list(SHAPES.items())[:2]) if ns.quick else SHAPES
     pairs = {}
-    if ns.draft and (Path(ns.draft) / "config.json").is_file():
+    has_draft = bool(ns.draft) and (Path(ns.draft) / "config.json").is_file()
+    if has_draft:
         pairs["shipped (trained)"] = (ns.model, ns.draft)
+    twins = pretrained(ns.model)
+    if twins:  # its random twin instead of the toy shapes, on the prompts' token ids
+        if not has_draft:
+            raise ConfigError(f"bench shapes --model {ns.model}: a pretrained target is run with "
+                              "its head and its random twin: pass --draft (its EAGLE-3 head)")
+        pairs = {"trained pair": (ns.model, ns.draft)}
+        shapes = {}
+        prompts = token_ids(ns.model, prompts)
+        print(f"{ns.model}: a pretrained target (vocab {twins}); its random twin stands in for "
+              "the toy shapes (vocab 8192), which cannot take its token ids")
     with LoadSampler() as load:
         df = run_shapes(prompts, shapes, tau=tau, spec=spec, max_new_tokens=args.max_new(ns),
-                        tokenizer_from=ns.model, pairs=pairs, repeats=args.repeats(ns),
-                        engine_config=args.engine_config(ns))
+                        tokenizer_from=None if twins else ns.model, pairs=pairs,
+                        repeats=args.repeats(ns), engine_config=args.engine_config(ns),
+                        twins=bool(twins))
     # a trained and a random pair of one shape that disagree beyond noise: flagged
     flags = sanity_flags(df, load=load.as_dict()) + trained_vs_random(df, df.attrs["steps"])
     df = mark(df, flags)
@@ -143,6 +166,27 @@ def bench_shapes(ns: argparse.Namespace) -> int:
     stamp(path, flags, load.as_dict(), None, "shapes", df)
     print(f"\nresults: {path}")
     return finish(ns, True, flags)
+
+
+def pretrained(model: str | Path) -> int:
+    """The vocabulary size of ``model`` when it is not the toy shapes' (8192: a pretrained
+    target such as SmolLM2's 49152, a folder or a GGUF), else 0."""
+    from workbench.bench.shapes import shape_of
+    from workbench.models.synthetic import TargetShape
+
+    vocab = shape_of(model)[0].vocab
+    return vocab if vocab != TargetShape.vocab else 0
+
+
+def token_ids(model: str | Path, prompts: list[str]) -> list[list[int]]:
+    """``prompts`` encoded by ``model``'s tokenizer as the engine encodes text (no added
+    special tokens; a chat-rendered prompt carries its own)."""
+    from workbench.models.loader import load_tokenizer, resolve_path
+
+    tok = load_tokenizer(resolve_path(model))
+    if tok is None:
+        raise ConfigError(f"--model {model}: no tokenizer to encode the prompts with")
+    return [list(tok.encode(p, add_special_tokens=False)) for p in prompts]
 
 
 def bench_load(ns: argparse.Namespace) -> int:

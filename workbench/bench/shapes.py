@@ -19,6 +19,12 @@ A trained pair and a random pair of the same shape should cost the same: that is
 random pairs stand in for real ones. :func:`trained_vs_random` flags (``trained_vs_random``)
 a pair whose speedup intervals do not overlap, or whose plain step costs differ beyond their
 interval by more than :data:`STEP_TOLERANCE`; ``bench shapes`` adds those flags to the run's.
+
+A pretrained target (``--model`` a real checkpoint, e.g. SmolLM2-135M-Instruct, a folder or a
+GGUF) gets its random twin (:func:`shape_of`: its layers, widths, heads and vocabulary; a random
+head of its draft vocabulary) beside it (``twins``), run on the prompts' token ids, so the
+trained-vs-random check covers its shape; the toy :data:`SHAPES` (vocab 8192) cannot take its
+token ids and are left out for it (``bench shapes``).
 """
 
 from __future__ import annotations
@@ -55,14 +61,17 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
                work: str | Path = "data/work/shapes", tokenizer_from: str | Path | None = None,
                engine_config: Any = None,
                pairs: Mapping[str, tuple[str | Path, str | Path]] | None = None,
-               repeats: int = 1) -> pd.DataFrame:
+               repeats: int = 1, twins: bool = False) -> pd.DataFrame:
     """One row per shape (see the module docstring). ``spec`` gives (S, K, N) (default
     S5 K4 N16); ``tau`` in [1, S+1] is the posed accept length. Random pairs are cached under
     ``work``; ``tokenizer_from`` (a folder with tokenizer.json of a vocab that fits) is needed
     for text prompts. ``pairs`` (label → (target, draft) folders) adds rows for real
     checkpoints, run the same way first — e.g. the shipped pair, to check that random weights
     cost what trained ones do. ``repeats`` > 1 adds ``speedup_lo/hi`` (95 % CI over repeats).
-    ``engine_config`` forces EngineConfig fields (else the measured "auto" choices)."""
+    ``engine_config`` forces EngineConfig fields (else the measured "auto" choices). ``twins``:
+    each pair is followed by a random pair of its shape (:func:`shape_of`), labelled
+    ``"<label> random twin"``; prompts must then be token ids (a random target has no
+    tokenizer)."""
     import workbench as wb
 
     shapes = dict(SHAPES if shapes is None else shapes)
@@ -70,15 +79,29 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
     check_tau(tau, base)
     sim = dataclasses.replace(base, simulate_accept_length=tau)
     name = f"S{sim.num_steps} K{sim.topk} N{sim.num_draft_tokens} τ={tau:g}"
-    todo: list[tuple[str, TargetShape | None, Any]] = [
-        (label, None, tuple(p)) for label, p in (pairs or {}).items()]
+    todo: list[tuple[str, TargetShape | None, Any]] = []
+    draft_vocab: dict[str, int] = {}
+    for label, p in (pairs or {}).items():
+        todo.append((label, None, tuple(p)))
+        if twins:
+            if any(isinstance(x, str) for x in prompts):
+                raise ConfigError("run_shapes: twins need token-id prompts (a random target "
+                                  "has no tokenizer)")
+            shape, dv = shape_of(p[0], p[1])
+            todo.append((f"{label} random twin", shape, None))
+            draft_vocab[f"{label} random twin"] = dv
     todo += [(label, shape, None) for label, shape in shapes.items()]
     rows = []
     steps: dict[str, dict[str, list[float]]] = {}
     for label, shape, pair in tqdm(todo, desc="bench shapes", unit="shape"):
         if pair is None:
             assert shape is not None
-            pair = random_pair(Path(work) / _slug(shape), shape, tokenizer_from=tokenizer_from)
+            if label in draft_vocab:  # a real pair's twin: its draft vocabulary, no tokenizer
+                pair = random_pair(Path(work) / f"{_slug(shape)}-d{draft_vocab[label]}", shape,
+                                   draft_vocab=draft_vocab[label])
+            else:
+                pair = random_pair(Path(work) / _slug(shape), shape,
+                                   tokenizer_from=tokenizer_from)
         with wb.Engine.from_pretrained(pair[0], draft=pair[1], config=engine_config) as engine:
             res = run_spec_bench(engine, list(prompts),  # type: ignore[arg-type]  # ids too
                                  arms={"baseline": None, name: sim},
@@ -177,6 +200,35 @@ def trained_vs_random(df: pd.DataFrame, steps: Mapping[str, Mapping[str, Sequenc
                 flags += [Flag(TRAINED_VS_RANDOM, msg, {"shape": t["shape"]}),
                           Flag(TRAINED_VS_RANDOM, msg, {"shape": r["shape"]})]
     return flags
+
+
+def shape_of(target: str | Path, draft: str | Path | None = None) -> tuple[TargetShape, int]:
+    """A checkpoint's shape (folder, ``.gguf`` or pointer folder; read from its config or GGUF
+    metadata, no weights loaded) and its head's draft vocabulary (``draft``'s config.json
+    ``draft_vocab_size``; the random head's default 2048 without one). A target whose
+    head_dim is not hidden / heads is refused: a twin could not have its cost."""
+    from workbench.models.config import ModelConfig
+
+    mc = ModelConfig.from_folder(target)
+    if mc.is_moe:
+        raise ConfigError(f"bench shapes: {target} is a mixture-of-experts target; random twins "
+                          "are dense Llama targets")
+    if mc.head_dim * mc.num_attention_heads != mc.hidden_size:
+        raise ConfigError(f"bench shapes: {target}: head_dim {mc.head_dim} x heads "
+                          f"{mc.num_attention_heads} != hidden {mc.hidden_size}; a random twin "
+                          "(head_dim = hidden / heads) would not cost the same")
+    shape = TargetShape(mc.num_hidden_layers, mc.hidden_size, mc.intermediate_size,
+                        mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size)
+    dv = 2048
+    cfg = Path(draft) / "config.json" if draft is not None else None
+    if cfg is not None and cfg.is_file():
+        raw = json.loads(cfg.read_text()).get("draft_vocab_size")
+        if raw is not None:
+            if not isinstance(raw, int) or raw < 1:
+                raise ConfigError(f"bench shapes: {cfg}: draft_vocab_size must be an integer "
+                                  f">= 1, got {raw!r}")
+            dv = raw
+    return shape, min(dv, shape.vocab)
 
 
 def check_tau(tau: float, spec: SpecConfig) -> None:
