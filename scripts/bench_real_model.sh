@@ -15,8 +15,14 @@
 # Usage (defaults in brackets; every figure measured on a busy machine is provisional):
 #   MODEL=[data/models/smollm2-135m-instruct] DRAFT=[data/models/smollm2-eagle3] \
 #   SRC=[data/prompts/real/heldout.jsonl] OUT=[data/results/smollm2-135m-instruct] \
-#   PROMPTS=[8] NEW=[64] REPEATS=[2] LEVELS=[1,2,4] SWEEP_PROMPTS=[4] SWEEP_NEW=[32] \
-#   ENGINE=[threads=1,gemm=onednn] ONLY="[spec peers policies shapes]" scripts/bench_real_model.sh
+#   PROMPTS=[4] NEW=[32] REPEATS=[2] LEVELS=[1,2,4] SWEEP_PROMPTS=[4] SWEEP_NEW=[16] \
+#   ENGINE=[threads=1,gemm=onednn] SWEEP_MODE=[--sequential] ONLY="[spec peers policies]" \
+#   scripts/bench_real_model.sh
+# The defaults are sized for a busy 2-core machine (about 15 min in all); on a quiet one raise
+# them (e.g. PROMPTS=8 NEW=64 REPEATS=3 LEVELS=1,2,4,8,16 SWEEP_MODE= ONLY="spec peers
+# policies concurrency threshold k0 load shapes"). `peers` runs with --quick: no compiled
+# transformers peer (its compile takes minutes per prompt length on a small CPU) and at most
+# 32 new tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,18 +30,21 @@ MODEL=${MODEL:-data/models/smollm2-135m-instruct}
 DRAFT=${DRAFT:-data/models/smollm2-eagle3}
 SRC=${SRC:-data/prompts/real/heldout.jsonl}
 OUT=${OUT:-data/results/smollm2-135m-instruct}
-PROMPTS=${PROMPTS:-8}          # bs=1 benches: rendered prompts, categories interleaved
-NEW=${NEW:-64}                 # bs=1 benches: new tokens per prompt
+PROMPTS=${PROMPTS:-4}          # bs=1 benches: rendered prompts, categories interleaved
+NEW=${NEW:-32}                 # bs=1 benches: new tokens per prompt
 REPEATS=${REPEATS:-2}          # every measurement this many times: 95 % intervals
 LEVELS=${LEVELS:-1,2,4}        # concurrency levels of the sweeps
 SWEEP_PROMPTS=${SWEEP_PROMPTS:-4}
-SWEEP_NEW=${SWEEP_NEW:-32}
+SWEEP_NEW=${SWEEP_NEW:-16}
 # forced engine choices: every engine of a sweep skips the thread/GEMM measurement (choices
 # measured on a busy machine are not cached, so each engine would re-measure for ~30 s); one
 # thread is what autotune picks on this 2-core machine beside other work. The transformers
 # peers run in the same process with the same torch thread count.
 ENGINE=${ENGINE:-threads=1,gemm=onednn}
-ONLY=${ONLY:-spec peers policies shapes}
+# sweeps: one engine, the arms of a cell back to back (order rotated per repeat); empty for one
+# engine per arm, interleaved step by step (each engine loads the GGUF: ~1 min on a busy machine)
+SWEEP_MODE=${SWEEP_MODE---sequential}
+ONLY=${ONLY:-spec peers policies}
 PY=${PY:-.venv/bin/python}
 NICE=${NICE:-nice -n 10}
 
@@ -82,21 +91,19 @@ PY
 }
 
 COMMON=(--model "$MODEL" --draft "$DRAFT" --engine "$ENGINE" --out "$OUT")
+SWEEP=(--prompts-file "$WORK/sweep.jsonl" --max-new-tokens "$SWEEP_NEW" --levels "$LEVELS")
+if [ -n "$SWEEP_MODE" ]; then SWEEP+=("$SWEEP_MODE"); fi
 for s in $ONLY; do
   case $s in
     spec)        step spec spec "${COMMON[@]}" --prompts-file "$WORK/bs1.jsonl" \
                    --max-new-tokens "$NEW" --repeats "$REPEATS" ;;
     peers)       step peers peers "${COMMON[@]}" --prompts-file "$WORK/bs1.jsonl" \
                    --max-new-tokens "$NEW" --repeats "$REPEATS" --quick ;;
-    policies)    step policies concurrency "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \
-                   --max-new-tokens "$SWEEP_NEW" --levels "$LEVELS" \
+    policies)    step policies concurrency "${COMMON[@]}" "${SWEEP[@]}" \
                    --policy always,threshold:auto,goodput,sglang,vllm ;;
-    concurrency) step concurrency concurrency "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \
-                   --max-new-tokens "$SWEEP_NEW" --levels "$LEVELS" ;;
-    threshold)   step threshold threshold "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \
-                   --max-new-tokens "$SWEEP_NEW" --levels "$LEVELS" ;;
-    k0)          step k0 k0 "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \
-                   --max-new-tokens "$SWEEP_NEW" --levels "$LEVELS" ;;
+    concurrency) step concurrency concurrency "${COMMON[@]}" "${SWEEP[@]}" ;;
+    threshold)   step threshold threshold "${COMMON[@]}" "${SWEEP[@]}" ;;
+    k0)          step k0 k0 "${COMMON[@]}" "${SWEEP[@]}" ;;
     load)        step load load "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \
                    --max-new-tokens "$SWEEP_NEW" --repeats "$REPEATS" ;;
     shapes)      step shapes shapes "${COMMON[@]}" --prompts-file "$WORK/sweep.jsonl" \

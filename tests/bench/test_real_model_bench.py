@@ -129,3 +129,46 @@ def test_assisted_peer_needs_the_targets_vocabulary(micro_target: Path, tmp_path
     bare.mkdir()
     (bare / "config.json").write_text((micro_target / "config.json").read_text())
     assert not same_tokenizer(micro_target, bare)  # no tokenizer at all
+
+
+def test_report_reads_the_results_back_with_machine_load_and_command(tmp_path: Path) -> None:
+    """``--report``: the bs=1 and policy tables from saved results, each with its stamp; a
+    missing result is said so."""
+    from workbench.bench.real_model import report
+
+    machine = {"cpu": "AMD EPYC", "kind": "amd-epyc-family-25", "cores": 2}
+    load = {"before": [3.5, 3.0, 2.0], "after": [4.0, 3.1, 2.1], "cores": 2}
+    (tmp_path / "peers.json").write_text(json.dumps({
+        "machine": machine, "load": load, "flags": [{"code": "loaded"}], "summary": [
+            {"arm": "hf generate", "tok_s": 4.0, "vs_hf_generate": 1.0, "same_as_hf": True},
+            {"arm": "workbench", "tok_s": 9.0, "tok_s_lo": 8.0, "tok_s_hi": 10.0,
+             "vs_hf_generate": 2.25, "same_as_hf": True}]}))
+    (tmp_path / "spec_bs1.json").write_text(json.dumps({
+        "machine": machine, "load": load, "flags": [], "summary": [
+            {"arm": "baseline", "tau": 1.0, "tok_s": 9.0, "speedup": 1.0, "ceiling": None,
+             "lossless": True},
+            {"arm": "tree S5 K4 N16", "tau": 3.0, "tok_s": 18.0, "speedup": 2.0,
+             "verify_ratio": 1.3, "draft_ratio": 0.2, "ceiling": 2.0, "of_ceiling_step": 0.95,
+             "overhead": 0.05, "of_ceiling": 1.0, "lossless": True}]}))
+    (tmp_path / "amd-epyc-family-25.json").write_text(json.dumps({"machine": machine,
+        "benchmarks": {"peers": {"command": "python -m workbench bench peers --quick",
+                                 "commit": "abc1234", "torch_threads": 1}}}))
+    text = report(tmp_path)
+    assert "| workbench | 9.00 (8.00–10.00) | 2.25× | yes |" in text
+    assert "| tree S5 K4 N16 | 3.00 | 18.00 | 2.00× | 1.30 + 0.20 | 2.00× | 0.95 | 5 % |" in text
+    assert "| baseline | 1.00 | 9.00 | 1.00× | — | — |" in text
+    assert "load 3.5 before, 4.0 after; flags: loaded; commit abc1234; " \
+           "`python -m workbench bench peers --quick`" in text
+    assert f"no `bench concurrency --policy` result in {tmp_path}" in text
+    rows = [{"arm": arm, "concurrency": c, "repeat": r, "tok_s": t * (1 + r / 10),
+             "vs_baseline": t / 4.0, "tau": tau, "spec_share": share, "lossless": True}
+            for arm, t, tau, share in (("baseline", 4.0, 1.0, 0.0), ("never", 3.9, 1.0, 0.0),
+                                       ("always", 7.0, 3.0, 1.0))
+            for c in (1, 2) for r in (0, 1)]
+    (tmp_path / "concurrency_policies.json").write_text(json.dumps({
+        "machine": machine, "load": load, "flags": [], "rows": rows,
+        "config": {"interleaved": False, "max_new_tokens": 16}}))
+    text = report(tmp_path)
+    assert "sequential, 16 new tokens" in text
+    line = next(x for x in text.splitlines() if x.startswith("| always | 1 |"))
+    assert "1.75× (" in line and "| 1.79× | 3.00 | 1.00 | yes |" in line

@@ -82,19 +82,30 @@ def engine_config(ns: argparse.Namespace, **base: Any) -> Any:
     return dataclasses.replace(cfg, **over) if over else cfg
 
 
+def model_exists(path: Path) -> bool:
+    """A target the loader reads (its own resolution, no weights or metadata read): a folder
+    with config.json, a ``.gguf`` file or a folder holding one, a pointer folder (``gguf.json``)
+    whose cache holds it. Errors of the resolution (an ambiguous folder, a pointer whose file
+    is not fetched) propagate, naming the path."""
+    from workbench.models.gguf import find_gguf
+    from workbench.models.loader import resolve_path
+
+    if not path.exists():
+        return False
+    folder = resolve_path(path)
+    return (folder / "config.json").is_file() or find_gguf(folder) is not None
+
+
 def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
            kv_budget_tokens: int | None = None) -> Any:
     """The ``--model``/``--draft`` engine (baseline only when the draft is missing and
     ``need_draft`` is False)."""
     import workbench as wb
-    from workbench.models.config import ModelConfig
 
     target = Path(ns.model)
-    try:  # the loader's own resolution: a folder's config.json, a .gguf, a pointer folder
-        ModelConfig.from_folder(target)
-    except ConfigError as e:
-        raise ConfigError(f"bench: no target model at {target} ({e}; train one with "
-                          "`python -m workbench train-target`, or pass --model)") from e
+    if not model_exists(target):
+        raise ConfigError(f"bench: no target model at {target} (train one with "
+                          "`python -m workbench train-target`, or pass --model)")
     draft = Path(ns.draft) if ns.draft else None
     if draft is not None and not (draft / "config.json").is_file():
         if need_draft:

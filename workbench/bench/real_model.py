@@ -14,6 +14,12 @@ peers alike (``tokenizer.encode(text, add_special_tokens=False)``), so every arm
 ids, the template's own special tokens included.
 
 ``python -m workbench.bench.real_model --model M --src heldout.jsonl --out F.jsonl [--limit N]``
+
+:func:`report` reads a results folder (``scripts/bench_real_model.sh``'s ``$OUT``: the bs=1
+``spec`` and ``peers`` results, the ``concurrency_policies`` sweep and the machine kind's
+results file with each run's command) back into markdown tables, each naming the machine, the
+load before and after, the command and the commit
+(``python -m workbench.bench.real_model --report OUT``).
 """
 
 from __future__ import annotations
@@ -100,15 +106,127 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
     return dst
 
 
+def _num(x: Any, fmt: str = ".2f") -> str:
+    return "—" if x is None or x != x else format(float(x), fmt)
+
+
+def _x(x: Any) -> str:
+    return "—" if x is None or x != x else f"{float(x):.2f}×"
+
+
+def _ci(row: dict[str, Any], key: str, fmt: str = ".2f", unit: str = "") -> str:
+    """``value (lo–hi)`` when the row has the interval, else the value."""
+    v = _num(row.get(key), fmt) + unit
+    lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return v
+    return f"{v} ({_num(lo, fmt)}–{_num(hi, fmt)})"
+
+
+def _stamp(doc: dict[str, Any], run: dict[str, Any] | None) -> str:
+    """One line: machine kind, cores, load before/after, flags, commit and command."""
+    m = doc.get("machine") or {}
+    load = doc.get("load") or {}
+    before, after = load.get("before") or ["?"], load.get("after") or ["?"]
+    flags = sorted({str(f.get("code", f)) if isinstance(f, dict) else str(f)
+                    for f in doc.get("flags") or []})
+    run = run or {}
+    return (f"{m.get('cpu', '?')} (`{m.get('kind', '?')}`), {m.get('cores', '?')} cores, "
+            f"torch threads {run.get('torch_threads', '?')}; load {before[0]} before, "
+            f"{after[0]} after; flags: {', '.join(flags) or 'none'}; commit "
+            f"{run.get('commit', m.get('commit', '?'))}; `{run.get('command', '?')}`")
+
+
+def report(folder: str | Path) -> str:
+    """Markdown tables of the results in ``folder`` (module docstring); a missing result is
+    said so, never invented."""
+    out = Path(folder)
+    runs: dict[str, Any] = {}
+    for kind_file in sorted(out.glob("*.json")):
+        doc = json.loads(kind_file.read_text())
+        if isinstance(doc, dict) and "benchmarks" in doc:
+            runs.update(doc["benchmarks"])
+    lines: list[str] = []
+    peers = out / "peers.json"
+    if peers.is_file():
+        doc = json.loads(peers.read_text())
+        lines += ["bs=1, greedy, arms interleaved per prompt (`bench peers`): "
+                  + _stamp(doc, runs.get("peers")), "",
+                  "| arm | tok/s | vs HF `generate` | same tokens as HF |", "|---|---|---|---|"]
+        for r in doc["summary"]:
+            lines.append(f"| {r['arm']} | {_ci(r, 'tok_s')} | "
+                         f"{_ci(r, 'vs_hf_generate', unit='×')} | "
+                         f"{'yes' if r.get('same_as_hf') else 'no'} |")
+        lines.append("")
+    else:
+        lines += [f"no `bench peers` result in {out}", ""]
+    spec = out / "spec_bs1.json"
+    if spec.is_file():
+        doc = json.loads(spec.read_text())
+        lines += ["EAGLE-3 vs its own baseline, bs=1, greedy (`bench spec`): "
+                  + _stamp(doc, runs.get("spec")), "",
+                  "| arm | τ | tok/s | speedup | verify + drafts (plain steps) | per-step "
+                  "ceiling | step / ceiling | overhead | speedup / ceiling | lossless |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in doc["summary"]:
+            cost = "—" if r.get("verify_ratio") is None else \
+                f"{_num(r.get('verify_ratio'))} + {_num(r.get('draft_ratio'))}"
+            over = r.get("overhead")
+            lines.append(
+                f"| {r['arm']} | {_num(r.get('tau'))} | {_ci(r, 'tok_s')} | "
+                f"{_ci(r, 'speedup', unit='×')} | {cost} | {_x(r.get('ceiling'))} | "
+                f"{_num(r.get('of_ceiling_step'))} | "
+                f"{'—' if over is None else _num(100 * over, '.0f') + ' %'} | "
+                f"{_num(r.get('of_ceiling'))} | {'yes' if r.get('lossless') else 'no'} |")
+        lines.append("")
+    else:
+        lines += [f"no `bench spec` result in {out}", ""]
+    pol = out / "concurrency_policies.json"
+    if pol.is_file():
+        import pandas as pd
+
+        from workbench.bench.concurrency import summarize
+
+        doc = json.loads(pol.read_text())
+        s = summarize(pd.DataFrame(doc["rows"]))
+        never = s[s["arm"] == "never"].set_index("concurrency")["tok_s"]
+        s["vs_never"] = s["tok_s"] / s["concurrency"].map(never)
+        cfg = doc.get("config") or {}
+        lines += ["closed-loop concurrency sweep, every named policy (`bench concurrency "
+                  f"--policy`, {'interleaved' if cfg.get('interleaved') else 'sequential'}, "
+                  f"{cfg.get('max_new_tokens', '?')} new tokens): "
+                  + _stamp(doc, runs.get("concurrency_policies")), "",
+                  "| policy | concurrency | tok/s | vs baseline | vs never | τ | share of steps "
+                  "speculating | lossless |", "|---|---|---|---|---|---|---|---|"]
+        for r in s.to_dict(orient="records"):
+            lines.append(f"| {r['arm']} | {r['concurrency']} | {_ci(r, 'tok_s')} | "
+                         f"{_ci(r, 'vs_baseline', unit='×')} | {_num(r.get('vs_never'))}× | "
+                         f"{_num(r.get('tau'))} | {_num(r.get('spec_share'))} | "
+                         f"{'yes' if r.get('lossless') in (True, None) else 'no'} |")
+        lines.append("")
+    else:
+        lines += [f"no `bench concurrency --policy` result in {out}", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.bench.real_model",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="the chat target (folder, .gguf or pointer)")
-    ap.add_argument("--src", required=True, help="held-out requests (JSONL)")
-    ap.add_argument("--out", required=True, help="rendered prompts for --prompts-file (JSONL)")
+    ap.add_argument("--model", help="the chat target (folder, .gguf or pointer)")
+    ap.add_argument("--src", help="held-out requests (JSONL)")
+    ap.add_argument("--out", help="rendered prompts for --prompts-file (JSONL)")
     ap.add_argument("--limit", type=int, default=None, help="keep this many (categories "
                     "interleaved)")
+    ap.add_argument("--report", default=None, metavar="FOLDER",
+                    help="print the results in FOLDER as markdown tables instead")
     ns = ap.parse_args(argv)
+    if ns.report is not None:
+        print(report(ns.report))
+        return 0
+    missing = [f"--{k}" for k in ("model", "src", "out") if not getattr(ns, k)]
+    if missing:
+        print(f"error: {', '.join(missing)} required (or --report FOLDER)")
+        return 1
     try:
         path = render_chat_prompts(ns.src, ns.model, ns.out, ns.limit)
     except ConfigError as e:
