@@ -302,3 +302,138 @@ def ceiling_lines(summary: pd.DataFrame) -> list[str]:
         if parts:
             lines.append(f"  overhead ms per step by phase (traced pass): {', '.join(parts)}")
     return lines
+
+
+# -- τ by category on a prompt file (held-out chat prompts through the chat template) ---------
+
+def bootstrap_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0,
+                    conf: float = 0.95) -> tuple[float, float, float]:
+    """``(sum(num) / sum(den), lo, hi)``: a ratio of sums over prompts and its percentile
+    bootstrap interval, prompts resampled with replacement."""
+    import numpy as np
+
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if len(a) == 0 or len(a) != len(b):
+        raise ValueError(f"bootstrap_ratio: need equal non-empty lists, got {len(a)}/{len(b)}")
+    point = float(a.sum() / b.sum())
+    idx = np.random.default_rng(seed).integers(0, len(a), (n_boot, len(a)))
+    ratios = a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-12)
+    q = (1 - conf) / 2
+    return point, float(np.quantile(ratios, q)), float(np.quantile(ratios, 1 - q))
+
+
+def run_tau_bench(engine: Engine, records: list[dict[str, Any]], spec: SpecConfig,
+                  max_new_tokens: int = 128, batch: int = 16,
+                  progress: bool = True) -> dict[str, Any]:
+    """τ per category (``kind``), overall and per draft depth on prompt records, greedy.
+
+    ``records``: dicts with ``id``, ``kind`` and ``prompt`` (text, token ids or chat messages;
+    ``workbench.bench.workloads.load_prompt_records``). Each prompt runs once with ``spec`` and
+    once without (batches of ``batch``: τ counts the verify steps of each request, which the
+    batch does not change); ``lossless`` = every speculative output equals the plain one.
+    τ = emitted tokens / verify steps summed over a category's prompts; per depth d (1..S)
+    the share of verify steps that accepted at least d drafted tokens. Intervals: 95 %
+    percentile bootstrap over prompts. Times are not measured here (``run_spec_bench`` is)."""
+    sp = SamplingParams(max_new_tokens=max_new_tokens)
+    rows = []
+    load = None
+    from workbench.bench.sanity import LoadSampler
+
+    load = LoadSampler().start()
+    for lo in tqdm(range(0, len(records), batch), desc="bench tau", unit="batch",
+                   disable=not progress):
+        chunk = records[lo : lo + batch]
+        prompts = [r["prompt"] for r in chunk]
+        plain = engine.generate(prompts, sp, spec=None)
+        fast = engine.generate(prompts, sp, spec=spec)
+        for r, a, b in zip(chunk, plain, fast, strict=True):
+            acc = list(b.metrics.accept_lengths)
+            rows.append({"id": r["id"], "kind": r["kind"], "tokens": len(b.token_ids),
+                         "verify_ct": len(acc), "emitted": sum(acc),
+                         "accepted_ge": [sum(x - 1 >= d for x in acc)
+                                         for d in range(1, spec.num_steps + 1)],
+                         "lossless": list(a.token_ids) == list(b.token_ids)})
+    load.stop()
+
+    def stats(rs: list[dict[str, Any]]) -> dict[str, Any]:
+        den = [r["verify_ct"] for r in rs]
+        tau, tlo, thi = bootstrap_ratio([r["emitted"] for r in rs], den)
+        depth = []
+        for d in range(spec.num_steps):
+            p, plo, phi = bootstrap_ratio([r["accepted_ge"][d] for r in rs], den)
+            depth.append({"depth": d + 1, "accept_rate": p, "lo": plo, "hi": phi})
+        return {"prompts": len(rs), "tokens": sum(r["tokens"] for r in rs),
+                "verify_steps": sum(den), "tau": tau, "tau_lo": tlo, "tau_hi": thi,
+                "per_depth": depth, "lossless": all(r["lossless"] for r in rs)}
+
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    machine = machine_info()
+    machine["load"] = load.as_dict()
+    return {"spec": {"num_steps": spec.num_steps, "topk": spec.topk,
+                     "num_draft_tokens": spec.num_draft_tokens},
+            "max_new_tokens": max_new_tokens, "overall": stats(rows),
+            "by_kind": {k: stats([r for r in rows if r["kind"] == k]) for k in kinds},
+            "per_prompt": rows, "machine": machine}
+
+
+def tau_table(res: dict[str, Any]) -> pd.DataFrame:
+    """One row per category and one ``overall``: τ [lo, hi], acceptance per depth."""
+    out = []
+    for name, s in [*res["by_kind"].items(), ("overall", res["overall"])]:
+        row = {"kind": name, "prompts": s["prompts"], "tau": round(s["tau"], 2),
+               "tau_95": f"[{s['tau_lo']:.2f}, {s['tau_hi']:.2f}]", "lossless": s["lossless"]}
+        for d in s["per_depth"]:
+            row[f"acc_d{d['depth']}"] = round(d["accept_rate"], 3)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def tau_main(argv: list[str] | None = None) -> int:
+    """``python -m workbench.bench.spec``: τ per category of a prompt file, saved as JSON."""
+    import argparse
+    import subprocess
+    import sys
+
+    from workbench.bench.workloads import load_prompt_records
+
+    ap = argparse.ArgumentParser(prog="python -m workbench.bench.spec",
+                                 description=tau_main.__doc__)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--prompts-file", required=True,
+                    help="jsonl records (id, kind, prompt; chat: messages or turns)")
+    ap.add_argument("--chat-template", action="store_true",
+                    help="send text prompts as one user turn through the model's chat template")
+    ap.add_argument("--spec", default="5,4,16", metavar="S,K,N")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--out", default="data/results/real/tau_heldout.json")
+    ns = ap.parse_args(argv)
+    import workbench as wb
+
+    s, k, n = (int(v) for v in ns.spec.split(","))
+    spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n)
+    records = load_prompt_records(ns.prompts_file, chat=ns.chat_template)
+    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=wb.EngineConfig(
+        max_batch_size=ns.batch, kv_budget_tokens=ns.batch * 2048))
+    try:
+        res = run_tau_bench(engine, records, spec, ns.max_new_tokens, ns.batch)
+    finally:
+        engine.close()
+    print(tau_table(res).to_string(index=False))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    res.update({"command": "python -m workbench.bench.spec " + " ".join(sys.argv[1:] if argv
+                                                                         is None else argv),
+                "commit": commit, "model": ns.model, "draft": ns.draft,
+                "prompts_file": ns.prompts_file, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                      time.gmtime())})
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"results: {out}")
+    return 0 if res["overall"]["lossless"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(tau_main())

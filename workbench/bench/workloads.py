@@ -136,3 +136,35 @@ def read_prompts_file(path: str | Path, flag: str = "--prompts-file") -> list[st
     if not out:
         raise ConfigError(f"{flag}: {p} holds no prompts (empty prompts file)")
     return out
+
+
+def load_prompt_records(path: str | Path, chat: bool = False) -> list[dict]:
+    """Records of a jsonl prompt file (id, kind, prompt, source; optional ``messages``: a chat
+    conversation ending in a user turn). A record with ``messages`` is sent as those messages;
+    with ``chat``, a text prompt is sent as one user turn (the model's chat template applies).
+    The returned records' ``prompt`` is what the engine receives."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"prompts file: {str(p)!r} does not exist")
+    out = []
+    for i, line in enumerate(p.read_text().splitlines()):
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        for f in ("id", "kind", "prompt"):
+            if f not in r:
+                raise ConfigError(f"{p}: line {i + 1} has no field {f!r}")
+        if "messages" in r:
+            msgs = r["messages"]
+            if not msgs or msgs[-1].get("role") != "user":
+                raise ConfigError(f"{p}: line {i + 1}: messages must end with a user turn")
+            r = {**r, "prompt": msgs}
+        elif "turns" in r:
+            raise ConfigError(f"{p}: line {i + 1}: a multi-turn record needs its 'messages' "
+                              "(python -m workbench.train.real_prompts distill writes them)")
+        elif chat:
+            r = {**r, "prompt": [{"role": "user", "content": r["prompt"]}]}
+        out.append(r)
+    if not out:
+        raise ConfigError(f"prompts file: {str(p)!r} has no records")
+    return out

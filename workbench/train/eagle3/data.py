@@ -39,7 +39,11 @@ def _cached(meta: Path, key: str) -> dict[str, Any] | None:
 def corpus_tokens(cfg: DraftTrainConfig, folder: Path,
                   mcfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     """Corpus train / held-out token arrays (files joined by EOS) in the target's tokenizer,
-    cached in ``work`` and keyed by tokenizer and corpus file list."""
+    cached in ``work`` and keyed by tokenizer and corpus file list. A ``corpus`` ending in
+    ``.npz`` is already tokenized (``train`` and ``heldout`` id arrays, e.g. the chat-templated
+    conversations ``workbench.train.distill.pack`` writes) and is read as is."""
+    if cfg.corpus.endswith(".npz"):
+        return pretokenized(cfg, mcfg)
     from tokenizers import Tokenizer
 
     tok_path = folder / "tokenizer.json"
@@ -71,6 +75,29 @@ def corpus_tokens(cfg: DraftTrainConfig, folder: Path,
     np.save(work / "corpus_train.npy", train)
     np.save(work / "corpus_heldout.npy", held)
     meta.write_text(json.dumps({"key": key, "root": str(split.root)}) + "\n")
+    return train, held
+
+
+def pretokenized(cfg: DraftTrainConfig, mcfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The ``train`` / ``heldout`` token arrays of the ``.npz`` file ``cfg.corpus``, checked."""
+    path = Path(cfg.corpus)
+    if not path.is_file():
+        raise ConfigError(f"corpus: {cfg.corpus!r} is not a file")
+    with np.load(path) as z:
+        missing = [k for k in ("train", "heldout") if k not in z.files]
+        if missing:
+            raise ConfigError(f"corpus {cfg.corpus!r}: no array {missing[0]!r} (has {z.files})")
+        train, held = z["train"], z["heldout"]
+    for name, a in (("train", train), ("heldout", held)):
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise ConfigError(f"corpus {cfg.corpus!r}: {name} must be a 1-D integer array, got "
+                              f"{a.dtype} {a.shape}")
+        if len(a) < cfg.seq_len + 1:
+            raise ConfigError(f"corpus {cfg.corpus!r}: {name} has {len(a)} tokens, fewer than "
+                              f"seq_len + 1 = {cfg.seq_len + 1}")
+        if int(a.max()) >= mcfg.vocab_size or int(a.min()) < 0:
+            raise ConfigError(f"corpus {cfg.corpus!r}: {name} has token ids outside [0, "
+                              f"{mcfg.vocab_size}) (another tokenizer than the target's?)")
     return train, held
 
 

@@ -1,0 +1,317 @@
+"""Prompts for the real target's EAGLE-3 head across Spec-Bench-like categories, written or
+derived offline, and the target's own answers to them (self-distillation).
+
+Categories (``kind``): ``chat`` (multi-turn: a second user turn after the target's first
+answer), ``translation``, ``summarization``, ``qa``, ``math``, ``retrieval`` (answer from a given
+passage), ``code``. Passages come from the running interpreter's standard-library docstrings;
+math problems are generated; the rest are templates over handwritten topic lists.
+
+Held-out prompts are chosen by *source* (a topic, a docstring's object, a problem template's
+numbers drawn from a separate generator): a held-out prompt never shares its source with a train
+prompt, so neither its passage nor its topic was seen in training.
+
+    python -m workbench.train.real_prompts prompts   # data/prompts/real/{train,heldout}.jsonl
+    python -m workbench.train.real_prompts distill --model M   # data/work/real-distill/
+    python -m workbench.train.real_prompts pack   # data/work/real-distill/corpus.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import inspect
+import json
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError
+
+KINDS = ("chat", "translation", "summarization", "qa", "math", "retrieval", "code")
+OUT_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts" / "real"
+HELDOUT_SHARE = 0.15  # of the sources (a topic, passage or problem: across every category)
+HELDOUT_PER_KIND = 16
+
+TOPICS = (
+    "photosynthesis", "the water cycle", "black holes", "the French Revolution", "vaccines",
+    "inflation", "plate tectonics", "the immune system", "machine learning", "climate change",
+    "the Roman Empire", "electric cars", "the internet", "DNA", "volcanoes", "the Moon landing",
+    "renewable energy", "the stock market", "honey bees", "earthquakes", "the printing press",
+    "antibiotics", "the solar system", "gravity", "coral reefs", "the Great Wall of China",
+    "rainforests", "recycling", "the human heart", "blockchain", "the Olympic Games",
+    "democracy", "sleep", "coffee", "chess", "the piano", "bicycles", "tides", "rainbows",
+    "glaciers", "the Silk Road", "penguins", "the Renaissance", "nuclear power", "compilers",
+    "databases", "encryption", "the stomach", "memory in the brain", "deserts", "hurricanes",
+    "the speed of light", "atoms", "magnets", "batteries", "airplanes", "satellites",
+    "the Industrial Revolution", "ancient Egypt", "the metric system", "bread baking",
+    "composting", "jazz music", "public libraries", "mountains", "oceans", "whales",
+    "tea", "the calendar", "money", "maps", "the telephone", "photography", "robots",
+    "operating systems", "spreadsheets", "the human eye", "lightning", "snowflakes",
+    "dinosaurs", "evolution", "friction", "sound waves", "the periodic table", "fungi",
+    "solar panels", "wind turbines", "rivers", "bridges", "skyscrapers", "trains", "ships",
+    "the Amazon river", "Mount Everest", "the Sahara", "the Arctic", "volunteering",
+    "exercise", "nutrition", "meditation", "time management", "public speaking",
+)
+QA_TEMPLATES = (
+    "What is {t}? Explain briefly.", "Why is {t} important?", "How does {t} work?",
+    "Give three interesting facts about {t}.", "What are the main benefits of {t}?",
+    "Explain {t} to a ten-year-old.", "What is the history of {t} in a few sentences?",
+)
+CHAT_FIRST = (
+    "Can you tell me about {t}?", "I want to learn about {t}. Where should I start?",
+    "What do you think is the most surprising thing about {t}?",
+    "Write a short paragraph about {t}.",
+)
+CHAT_SECOND = (
+    "Can you make that shorter?", "Can you give me an example?", "Why is that?",
+    "Explain it more simply, please.", "What is a common misconception about it?",
+    "Can you summarize that in one sentence?", "What should I read next to learn more?",
+    "Turn that into a list of three points.",
+)
+SENTENCES = (
+    "The weather is beautiful today.", "I would like a cup of coffee, please.",
+    "Where is the nearest train station?", "My brother works at a hospital.",
+    "We are going to the beach this weekend.", "This book is very interesting.",
+    "Can you help me find my keys?", "The children are playing in the garden.",
+    "I have been learning to cook for two years.", "The museum opens at nine o'clock.",
+    "She bought a new bicycle yesterday.", "How much does this jacket cost?",
+    "The meeting has been moved to Thursday.", "Please close the window, it is cold.",
+    "Our team won the match last night.", "I forgot my umbrella at home.",
+    "The restaurant on the corner serves excellent soup.", "He reads the newspaper every morning.",
+    "The library is closed on Sundays.", "They moved to a small house near the river.",
+    "My favourite season is autumn.", "The train was late because of the snow.",
+    "Do you know a good doctor in this city?", "I need to buy bread and milk.",
+    "The concert was louder than I expected.", "We planted tomatoes in the spring.",
+    "The computer is not working again.", "Her grandmother tells wonderful stories.",
+    "The river flows through the old town.", "I will call you when I arrive.",
+    "The students are preparing for their exams.", "This road leads to the mountains.",
+    "The cat is sleeping on the sofa.", "We should leave early to avoid traffic.",
+    "The shop sells fresh fruit and vegetables.", "He has never seen the ocean.",
+    "The film starts in ten minutes.", "It is important to drink enough water.",
+    "The hotel room has a view of the sea.", "My phone battery is almost empty.",
+)
+LANGS = ("French", "Spanish", "German", "Italian", "Portuguese")
+CODE_TASKS = (
+    "checks whether a number is prime", "reverses a string", "counts the vowels in a string",
+    "returns the factorial of n", "returns the n-th Fibonacci number",
+    "checks whether a string is a palindrome", "finds the largest element of a list",
+    "removes duplicates from a list while keeping order", "merges two sorted lists",
+    "computes the greatest common divisor of two integers", "flattens a nested list",
+    "counts word frequencies in a text", "converts Celsius to Fahrenheit",
+    "returns the sum of the digits of an integer", "checks whether two strings are anagrams",
+    "sorts a list of dictionaries by a given key", "returns the second largest number in a list",
+    "implements binary search on a sorted list", "computes the average of a list of numbers",
+    "capitalizes the first letter of every word", "reads a text file and counts its lines",
+    "returns all even numbers from a list", "transposes a matrix given as a list of lists",
+    "checks whether a year is a leap year", "converts a decimal number to binary",
+    "finds the intersection of two lists", "returns the longest word in a sentence",
+    "computes the power set of a list", "implements bubble sort",
+    "validates an email address with a regular expression", "chunks a list into pieces of size n",
+    "returns the running total of a list", "counts the occurrences of each character",
+    "checks whether brackets in a string are balanced", "rotates a list by k positions",
+    "computes the median of a list", "finds the missing number in a list from 1 to n",
+    "returns the n smallest elements of a list", "implements a stack class with push and pop",
+    "implements a queue using two stacks", "computes the dot product of two vectors",
+    "generates all permutations of a string", "checks whether a number is a perfect square",
+    "converts a Roman numeral to an integer", "returns the most common element of a list",
+    "splits a sentence into words and sorts them alphabetically",
+    "computes the area of a circle from its radius", "returns the prime factors of an integer",
+)
+CODE_TEMPLATES = (
+    "Write a Python function that {t}.", "Write a Python function that {t}, with a docstring.",
+    "Show me a short Python function that {t}, and explain how it works.",
+    "How would you write a function in Python that {t}?",
+)
+MODULES = (
+    "json", "os.path", "re", "string", "textwrap", "collections", "itertools", "functools",
+    "random", "math", "statistics", "datetime", "calendar", "shutil", "glob", "fnmatch",
+    "heapq", "bisect", "copy", "pprint", "csv", "base64", "hashlib", "difflib", "html",
+    "urllib.parse", "zipfile", "tarfile", "gzip", "tempfile", "pathlib", "logging", "argparse",
+    "shlex", "struct", "operator", "inspect", "threading", "queue", "socket", "subprocess",
+    "decimal", "fractions", "uuid", "secrets", "unicodedata", "locale", "getpass", "platform",
+    "sched", "dataclasses", "enum", "contextlib", "abc", "io", "codecs", "configparser",
+    "ipaddress", "email.utils", "http.client", "sqlite3", "wave", "colorsys", "zlib", "time",
+    "types", "weakref", "typing", "warnings", "traceback", "timeit", "tokenize", "keyword",
+)
+
+
+def _held(source: str) -> bool:
+    """Held-out iff the source's hash falls in the held-out share (stable across runs)."""
+    h = int(hashlib.sha1(source.encode()).hexdigest()[:8], 16)
+    return h / 0xFFFFFFFF < HELDOUT_SHARE
+
+
+def _passages(min_chars: int = 250, max_chars: int = 1400) -> list[tuple[str, str]]:
+    """(qualified name, cleaned docstring) of stdlib objects with a mid-length docstring."""
+    out: dict[str, str] = {}
+    for mod_name in MODULES:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ImportError:  # a module this interpreter was built without (e.g. sqlite3)
+            continue
+        objs = [(mod_name, mod)] + [(f"{mod_name}.{n}", o) for n, o in vars(mod).items()
+                                    if not n.startswith("_") and (inspect.isfunction(o)
+                                                                  or inspect.isclass(o)
+                                                                  or inspect.isbuiltin(o))]
+        for name, o in objs:
+            doc = inspect.getdoc(o) or ""
+            doc = re.sub(r"\n{3,}", "\n\n", doc).strip()
+            if min_chars <= len(doc) <= max_chars and name not in out:
+                out[name] = doc
+    return sorted(out.items())
+
+
+def _math_problem(rng: random.Random) -> str:
+    a, b, c = rng.randint(3, 60), rng.randint(2, 25), rng.randint(2, 12)
+    name = rng.choice(("Anna", "Ben", "Carlos", "Dana", "Emil", "Fatima", "George", "Hana"))
+    item = rng.choice(("apples", "books", "marbles", "stickers", "cookies", "pencils", "coins"))
+    forms = (
+        f"{name} has {a} {item}. {name} buys {b} more and then gives away {c}. How many {item} "
+        f"does {name} have now?",
+        f"A box holds {b} {item}. How many {item} are there in {c} boxes, plus {a} loose ones?",
+        f"{name} reads {b} pages a day. How many days does it take to read a book of {b * c} "
+        "pages?",
+        f"A shop sells {item} at {c} dollars each. {name} pays with {c * b + a} dollars for {b} "
+        f"{item}. How much change does {name} get?",
+        f"A train travels at {b * 5} km per hour for {c} hours. How far does it travel?",
+        f"{name} saves {b} dollars every week. After {c} weeks, {name} spends {a} dollars. How "
+        "much money is left?",
+        f"What is {a} percent of {b * 20}? Show your reasoning step by step.",
+        f"A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
+        f"There are {a + b} students in a class and {a} of them are girls. What fraction of the "
+        "class are boys?",
+    )
+    return rng.choice(forms) + " Solve it step by step."
+
+
+def _rows(kind: str, rng: random.Random, passages: list[tuple[str, str]]
+          ) -> Iterator[tuple[str, str, Any]]:
+    """(source, id suffix, prompt or list of messages) of one category, deterministic order."""
+    if kind == "qa":
+        for t in TOPICS:
+            for k in rng.sample(range(len(QA_TEMPLATES)), 2):
+                yield t, f"{k}", QA_TEMPLATES[k].format(t=t)
+        for name, _ in passages[::4]:
+            yield name, "py", f"What does `{name}` in Python's standard library do?"
+    elif kind == "chat":
+        for t in TOPICS:
+            for k in rng.sample(range(len(CHAT_FIRST)), 2):
+                second = rng.choice(CHAT_SECOND)
+                yield t, f"{k}", [CHAT_FIRST[k].format(t=t), second]
+    elif kind == "translation":
+        for s in SENTENCES:
+            for lang in rng.sample(LANGS, 4):
+                yield s, lang, f"Translate the following sentence into {lang}:\n\n{s}"
+        for i, t in enumerate(TOPICS[:40]):
+            lang = LANGS[i % len(LANGS)]
+            yield t, lang, (f"Translate into {lang}: \"I am reading an article about {t}, and "
+                            "it is very interesting.\"")
+    elif kind == "summarization":
+        for name, doc in passages:
+            yield name, "sum", f"Summarize the following text in two or three sentences.\n\n{doc}"
+    elif kind == "retrieval":
+        qs = ("According to the passage, what does it do?", "What arguments or parameters does "
+              "the passage mention?", "What does the passage say about errors or special cases?",
+              "Answer in one sentence, using only the passage: what is its purpose?")
+        for name, doc in passages:
+            q = rng.choice(qs)
+            yield name, "ret", (f"Read the passage and answer the question using only the "
+                                f"passage.\n\nPassage ({name}):\n{doc}\n\nQuestion: {q}")
+    elif kind == "math":
+        for i in range(220):
+            yield f"math{i}", "m", _math_problem(rng)
+    elif kind == "code":
+        for t in CODE_TASKS:
+            for k in rng.sample(range(len(CODE_TEMPLATES)), 3):
+                yield t, f"{k}", CODE_TEMPLATES[k].format(t=t)
+        for name, doc in passages[1::5]:
+            first = doc.split("\n")[0]
+            yield name + ":code", "impl", (f"Write a small Python example that uses `{name}`. "
+                                           f"Its documentation says: {first}")
+    else:
+        raise ConfigError(f"kind: {kind!r} not in {KINDS}")
+
+
+def build_prompts(seed: int = 0, per_kind_train: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, heldout) prompt records; ``per_kind_train`` > 0 caps train prompts per kind.
+
+    Record: id, kind, prompt (text; the first user turn for chat), source, and for chat
+    ``turns`` (the user turns in order)."""
+    passages = _passages()
+    train: list[dict] = []
+    held: list[dict] = []
+    for kind in KINDS:
+        rng = random.Random(f"{seed}:{kind}")
+        rows_t, rows_h = [], []
+        for source, suffix, p in _rows(kind, rng, passages):
+            turns = p if isinstance(p, list) else [p]
+            rec = {"id": f"{kind}:{source}:{suffix}", "kind": kind, "prompt": turns[0],
+                   "source": source}
+            if len(turns) > 1:
+                rec["turns"] = turns
+            (rows_h if _held(source.split(":")[0]) else rows_t).append(rec)
+        rng.shuffle(rows_t)
+        if per_kind_train:
+            rows_t = rows_t[:per_kind_train]
+        train += rows_t
+        held += rows_h[:HELDOUT_PER_KIND]
+    return train, held
+
+
+def write_prompts(out: Path = OUT_DIR, seed: int = 0) -> dict[str, dict[str, int]]:
+    train, held = build_prompts(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train", train), ("heldout", held)):
+        with open(out / f"{name}.jsonl", "w") as f:
+            for r in rows:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return {name: {k: sum(r["kind"] == k for r in rows) for k in KINDS}
+            for name, rows in (("train", train), ("heldout", held))}
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for i, r in enumerate(rows):
+        for f in ("id", "kind", "prompt"):
+            if f not in r:
+                raise ConfigError(f"{path}: line {i + 1} has no field {f!r}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.train.real_prompts")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prompts", help="write train/heldout prompt files")
+    p.add_argument("--out", default=str(OUT_DIR))
+    p.add_argument("--seed", type=int, default=0)
+    d = sub.add_parser("distill", help="the target answers the train (and held-out) prompts")
+    d.add_argument("--model", required=True)
+    d.add_argument("--prompts", default=str(OUT_DIR))
+    d.add_argument("--out", default="data/work/real-distill")
+    d.add_argument("--per-kind", type=int, default=0, help="train prompts per kind (0: all)")
+    d.add_argument("--max-new-tokens", type=int, default=192)
+    d.add_argument("--second-turn-tokens", type=int, default=128)
+    d.add_argument("--batch", type=int, default=64)
+    k = sub.add_parser("pack", help="conversations.jsonl -> corpus.npz for train-draft")
+    k.add_argument("--out", default="data/work/real-distill")
+    ns = ap.parse_args(argv)
+    if ns.cmd == "pack":
+        from workbench.train.distill import pack
+
+        print(json.dumps(pack(Path(ns.out))))
+        return 0
+    if ns.cmd == "prompts":
+        print(json.dumps(write_prompts(Path(ns.out), ns.seed)))
+        return 0
+    from workbench.train.distill import distill
+
+    print(json.dumps(distill(ns.model, Path(ns.prompts), Path(ns.out), ns.per_kind,
+                             ns.max_new_tokens, ns.second_turn_tokens, ns.batch)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
