@@ -35,7 +35,7 @@ EOS_TEXT, CHAT = "<|im_end|>", (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "Ġ c", "a t"]
-ENGINE = dict(kv_budget_tokens=512, gemm="dense", compile="off", self_check=False)
+ENGINE = dict(kv_budget_tokens=512, gemm="dense", compile="off", self_check=False, threads=2)
 
 
 def byte_symbols() -> list[str]:
@@ -255,11 +255,12 @@ def test_folder_holding_one_gguf(source: Any, tmp_path: Path) -> None:
     write_gguf(tmp_path / "other.gguf", source, Q.Q8_0)
     with pytest.raises(ConfigError, match="several GGUF files .*m.gguf, other.gguf"):
         load_target(tmp_path)
-    (tmp_path / "other.gguf").unlink()
-    (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ConfigError, match="both a GGUF file .* and safetensors"):
-        ModelConfig.from_folder(tmp_path)
     model, _, _ = load_target(path)  # naming the file itself is never ambiguous
+    (tmp_path / "other.gguf").unlink()
+    (tmp_path / "model.safetensors").write_bytes(b"")  # safetensors: an HF folder, GGUF or not
+    assert find_gguf(tmp_path) is None
+    with pytest.raises(ConfigError, match="no config.json"):
+        ModelConfig.from_folder(tmp_path)
 
 
 # -- bad files --------------------------------------------------------------------------------

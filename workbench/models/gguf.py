@@ -269,24 +269,19 @@ def _parse(p: Path, buf: mmap.mmap, size: int) -> GGUFFile:
 
 def find_gguf(path: str | Path) -> Path | None:
     """The GGUF file ``path`` names: the file itself, or the only ``.gguf`` in a folder that
-    holds no safetensors; None for a folder without one (an HF folder). A folder with several
-    GGUF files, or with both GGUF and safetensors, is ambiguous: ConfigError naming them."""
+    holds no safetensors; None for anything else (a folder with safetensors is an HF folder,
+    whatever else lies in it). A folder of several GGUF files and no safetensors is ambiguous:
+    ConfigError naming them."""
     p = Path(path)
     if p.is_file():
         return p if p.suffix == SUFFIX else None
-    if not p.is_dir():
+    if not p.is_dir() or any(p.glob("*.safetensors")):
         return None
     ggufs = sorted(p.glob(f"*{SUFFIX}"))
-    if not ggufs:
-        return None
     if len(ggufs) > 1:
         raise ConfigError(f"model path {str(p)!r}: several GGUF files "
                           f"({', '.join(g.name for g in ggufs)}); name one of them")
-    st = sorted(p.glob("*.safetensors"))
-    if st:
-        raise ConfigError(f"model path {str(p)!r}: both a GGUF file ({ggufs[0].name}) and "
-                          f"safetensors ({st[0].name}); name the GGUF file or move one out")
-    return ggufs[0]
+    return ggufs[0] if ggufs else None
 
 
 def _field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...],
@@ -432,13 +427,6 @@ def read_tensors(f: GGUFFile, cfg: ModelConfig, dtype: torch.dtype,
             t = unpermute_rows(t, cfg.num_key_value_heads)
         out[hf] = t.to(device)
     return out
-
-
-def chat_template(path: str | Path) -> str | None:
-    """The chat template the file carries (``tokenizer.chat_template``), or None."""
-    with open_gguf(path) as f:
-        t = f.metadata.get("tokenizer.chat_template")
-    return t if isinstance(t, str) else None
 
 
 def has_tokenizer(path: str | Path) -> bool:
