@@ -25,18 +25,25 @@ MAX_NEW_TOKENS = 32 if FAST else 64
 
 # %% [markdown]
 # ## Models and engine
-# `demo_models` picks the shipped pair (`data/models/wb-target` + `data/models/wb-eagle3`) when
-# it exists and `FAST` is off; otherwise it builds a micro pair once (about 40 s) and caches it.
+# `page_models` picks the real pair — SmolLM2-135M-Instruct (`make real-model` fetches it) with
+# its EAGLE-3 head `data/models/smollm2-eagle3` — when both are here and `FAST` is off; its
+# prompts are held-out chat requests rendered with the model's own chat template. Without the
+# real pair it takes the demo pair: the shipped `data/models/wb-target` + `data/models/wb-eagle3`,
+# or under `FAST` a micro pair built once (about 40 s) and cached.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 import workbench as wb
 from workbench.viz import figures as F
-from workbench.train.demo_models import demo_models
+from workbench.viz.pairs import page_models
 
-models = demo_models(fast=FAST)
-engine = wb.Engine.from_pretrained(models.target, draft=models.draft)
+models = page_models(fast=FAST)
+engine = wb.Engine.from_pretrained(models.target, draft=models.draft, config=models.config)
+prompts = models.prompts_for(engine)
+cfg = engine.model_config
 print(models.describe())
+print(f"target: {cfg.num_hidden_layers} layers x {cfg.hidden_size}, vocab {cfg.vocab_size:,}; "
+      f"{len(prompts)} prompts")
 
 from workbench.viz.report import conditions_block
 
@@ -49,7 +56,7 @@ conditions_block(engine.choices, "this page's engine")
 # %%
 spec = wb.SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
 sampling = wb.SamplingParams(max_new_tokens=MAX_NEW_TOKENS)
-prompt = models.prompts[0]
+prompt = prompts[0]
 plain = engine.generate([prompt], sampling)[0]
 eagle = engine.generate([prompt], sampling, spec=spec)[0]
 print(f"S = {spec.num_steps} draft steps, K = {spec.topk}, N = {spec.num_draft_tokens} nodes")
@@ -88,7 +95,7 @@ from workbench.bench.spec import run_spec_bench
 from workbench.viz.report import ratio_ci, sanity_block
 
 with sanity.LoadSampler() as load:
-    bench = run_spec_bench(engine, list(models.prompts), max_new_tokens=MAX_NEW_TOKENS,
+    bench = run_spec_bench(engine, prompts, max_new_tokens=MAX_NEW_TOKENS,
                            progress=False)
 per = bench.per_prompt.merge(bench.per_prompt[bench.per_prompt.arm == "baseline"][
     ["prompt", "tok_s"]].rename(columns={"tok_s": "base_tok_s"}), on="prompt")
@@ -98,7 +105,7 @@ summary = bench.summary.drop(columns=["speedup"]).merge(ratio_ci(per, ["arm"], "
                                                         on="arm")
 flags = sanity.sanity_flags(summary, load=load.as_dict())
 summary = sanity.mark(summary, flags)
-print(format_machine(machine_info()), "· float32 · greedy ·", len(models.prompts), "prompts ·",
+print(format_machine(machine_info()), "· float32 · greedy ·", len(prompts), "prompts ·",
       f"load {load.before[0]:.2f} → {load.after[0]:.2f}")
 summary[["arm", "tok_s", "speedup", "speedup_lo", "speedup_hi", "tau", "lossless",
          "flags"]].round(3)
@@ -139,7 +146,7 @@ P.say(*parts, f"{n_flagged} of {len(spec_rows)} arms carry sanity flags"
 # %%
 # NBVAL_IGNORE_OUTPUT
 with wb.trace(engine) as tr:
-    engine.generate(list(models.prompts), sampling, spec=spec)
+    engine.generate(prompts, sampling, spec=spec)
 F.tau_histogram(tr.frame("verify"))
 
 # %% [markdown]
@@ -172,7 +179,7 @@ per_step = verify_steps.groupby("step").agg(requests=("rid", "nunique"),
 P.say("Share of a speculative step's time (", f"{len(spec_steps)} steps, all phases): ",
       ", ".join(f"{p} {v:.0%}" for p, v in shares.items()),
       f" (sum {sum(shares.values()):.0%}).", P.BR,
-      f"This run decoded {len(models.prompts)} prompts together: a speculative step served "
+      f"This run decoded {len(prompts)} prompts together: a speculative step served "
       f"{per_step.requests.mean():.1f} requests on average, took "
       f"{spec_steps.total_ms.mean():.1f} ms and emitted {per_step.tokens.mean():.1f} tokens "
       f"in all — τ = {verify_steps.accept_length.mean():.2f} tokens per request per step.")

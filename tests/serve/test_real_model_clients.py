@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(os.environ.get("WORKBENCH_REAL_TARGET",
                              ROOT / "data" / "models" / "smollm2-135m-instruct"))
 DRAFT = Path(os.environ.get("WORKBENCH_REAL_DRAFT", ROOT / "data" / "models" / "smollm2-eagle3"))
-NAME = "smollm2"
+NAME = TARGET.name  # the name `workbench serve` gives the model: its folder's
 SPEC = wb.SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
 N = 16  # tokens per answer: short, the module stays well under a minute of decoding
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks if a number "
