@@ -103,6 +103,9 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--llamacpp-python", default=None, metavar="PYTHON",
                    help="peers --peer llamacpp: the python of llama-cpp-python's venv (default: "
                         "$WORKBENCH_LLAMACPP_PYTHON, else the `make llamacpp` venv)")
+    b.add_argument("--llamacpp-threads", type=int, default=None, metavar="N",
+                   help="peers --peer llamacpp: llama.cpp's threads (default: every core this "
+                        "process may use)")
     b.add_argument("--lookup-tokens", type=int, default=10, metavar="N",
                    help="peers --peer llamacpp: prompt lookup's draft length (num_pred_tokens)")
     b.add_argument("--json", action="store_true",

@@ -336,7 +336,7 @@ def check_args(ns: argparse.Namespace) -> None:
     if peer not in PEERS:
         raise ConfigError(f"--peer: expected one of {list(PEERS)}, got {peer!r}")
     if peer != "llamacpp":
-        for flag in ("gguf", "llamacpp_python"):
+        for flag in ("gguf", "llamacpp_python", "llamacpp_threads"):
             if getattr(ns, flag, None):
                 raise ConfigError(f"--{flag.replace('_', '-')}: only with --peer llamacpp")
         return
@@ -344,6 +344,9 @@ def check_args(ns: argparse.Namespace) -> None:
         raise ConfigError(f"--peer llamacpp: only for `bench peers`, not `bench {ns.which}`")
     if getattr(ns, "url", None):
         raise ConfigError("--peer llamacpp: runs both sides in-process; --url is not supported")
+    threads = getattr(ns, "llamacpp_threads", None)
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"--llamacpp-threads: must be an integer >= 1, got {threads!r}")
     lookup = getattr(ns, "lookup_tokens", 10)
     if not isinstance(lookup, int) or lookup < 1:
         raise ConfigError(f"--lookup-tokens: must be an integer >= 1, got {lookup!r}")
@@ -375,7 +378,8 @@ def bench_llamacpp(ns: argparse.Namespace) -> int:
         with LoadSampler() as load:
             rows, summary, facts = run_llamacpp_peers(
                 engine, gguf, prompts, python=python, max_new_tokens=args.max_new(ns),
-                spec=spec, repeats=repeats, num_pred_tokens=getattr(ns, "lookup_tokens", 10))
+                spec=spec, repeats=repeats, num_pred_tokens=getattr(ns, "lookup_tokens", 10),
+                threads=getattr(ns, "llamacpp_threads", None))
         choices = run_choices(engine)
     finally:
         engine.close()
@@ -407,7 +411,16 @@ def bench_llamacpp(ns: argparse.Namespace) -> int:
                                 "summary": json_records(summary)}, indent=2, default=str) + "\n")
     stamp(path, flags, load.as_dict(), {"engine_choices": choices}, "peers_llamacpp", summary)
     print(f"\nresults: {path}")
-    ok = bool(summary.loc[summary["arm"].isin(list(PLAIN_OF)), "same_as_plain"].all())
+    # our EAGLE-3 is lossless by construction: its tokens differ from our plain arm's only by a
+    # bug. llama.cpp's prompt lookup verifies a drafted run in one batched evaluation, whose
+    # kernels add in another order than one-token decoding: at a near-tie it may pick another
+    # token than its own plain arm (a finding, printed, not a failure)
+    ok = bool(summary.loc[summary["arm"] == WB_SPEC, "same_as_plain"].all())
     if not ok:
-        print("a speculative arm's tokens differ from its own plain arm's", file=sys.stderr)
+        print("workbench eagle3's tokens differ from the workbench's own plain arm's",
+              file=sys.stderr)
+    lc_look = summary.loc[summary["arm"] == LC_LOOKUP, "same_as_plain"]
+    if not lc_look.empty and not bool(lc_look.all()):
+        print("llama.cpp prompt lookup's tokens differ from llama.cpp plain's on some prompt "
+              "(its batched verification adds in another order than one-token decoding)")
     return finish(ns, ok, flags)
