@@ -273,6 +273,7 @@ def test_bench_on_a_stand_in(micro_target: Path, random_head: Path, fake_llama_c
     for r in arms.values():
         assert r["tokens"] == 2 * 2 * 5 and r["tok_s"] > 0 and r["tok_s_lo"] <= r["tok_s_hi"]
         assert r["same_as_plain"]
+        assert r["decode_tok_s"] > 0 and r["prefill_s"] >= 0  # decode apart from the prefill
     assert arms[lp.WB]["vs_workbench"] == 1.0 and arms[lp.LC]["vs_llamacpp"] == 1.0
     assert arms[lp.WB_SPEC]["identical_to_workbench"] == 2  # lossless: every prompt
     assert arms[lp.LC_LOOKUP]["tokens_per_step"] == 1.0  # the stand-in drafts nothing

@@ -222,6 +222,7 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
                                   "max_new_tokens": max_new_tokens})
                 steps["steps"] = int(r["verify_steps"])
                 steps["runner_s"] = float(r["seconds"])
+                steps["first_token_s"] = float(r["first_token_s"])
                 return list(r["tokens"])
             return go
 
@@ -229,6 +230,8 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
             def go(p: int) -> list[int]:
                 out = engine.generate([ids[p]], sp, spec=with_spec)[0]
                 steps["steps"] = out.metrics.verify_ct + out.metrics.plain_steps
+                if out.metrics.ttft is not None:
+                    steps["first_token_s"] = out.metrics.ttft
                 return list(out.token_ids)
             return go
 
@@ -257,6 +260,7 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
                                  len(ids[i]), "tokens": len(out), "seconds": dt,
                                  "tok_s": len(out) / dt,
                                  "runner_s": steps.get("runner_s"),
+                                 "first_token_s": steps.get("first_token_s"),
                                  "steps": steps.get("steps"),
                                  "same_as_plain": out == plain,
                                  "first_divergence": first_divergence(out, outs[WB]),
@@ -310,6 +314,14 @@ def _summary(df: pd.DataFrame, arms: list[str], startup: dict[str, float], repea
     g["tokens_per_step"] = [(g.loc[a, "tokens"] - n_prompts[a]) / g.loc[a, "steps"]
                             if g.loc[a, "steps"] else None for a in g.index]
     g = g.drop(columns=["steps"])
+    # decode alone: the tokens after the first over the time after it (the prefill, which
+    # grows with the prompt, left out)
+    dec = df.dropna(subset=["first_token_s"]).groupby("arm", sort=False)
+    after = (dec["seconds"].sum() - dec["first_token_s"].sum())
+    g["decode_tok_s"] = [(dec["tokens"].sum()[a] - dec["prompt"].count()[a]) / after[a]
+                         if a in after.index and after[a] > 0 else None for a in g.index]
+    g["prefill_s"] = [dec["first_token_s"].mean()[a] if a in after.index else None
+                      for a in g.index]
     for ref, col in ((WB, "vs_workbench"), (LC, "vs_llamacpp")):
         g[col] = g["tok_s"] / g.loc[ref, "tok_s"]
     first = df[df["repeat"] == 0]
