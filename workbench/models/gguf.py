@@ -146,6 +146,7 @@ class GGUFFile:
 
     def tensor(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         """One tensor dequantised (``gguf.quants.dequantize``) to ``dtype``, in row-major shape."""
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         t = self.tensors[name]
@@ -153,7 +154,8 @@ class GGUFFile:
             raise CheckpointError(
                 f"{self.path}: tensor {t.name!r} has type {t.type_name}; supported: "
                 f"{', '.join(TENSOR_TYPES)}")
-        values = dequantize(self.raw(t), t.type_id)  # float32, one row per record row
+        # float32, one row per record row
+        values = dequantize(self.raw(t), GGMLQuantizationType(t.type_id))
         if not values.flags.writeable:  # F32 comes back as a view of the mapped file: own it
             values = values.copy()
         return torch.from_numpy(values.reshape(t.shape)).to(dtype)
@@ -199,7 +201,8 @@ class _Cursor:
                 if self.pos + count * item > len(self.buf):
                     raise CheckpointError(f"{self.path}: truncated at byte {self.pos} while "
                                           f"reading {what} ({count} items)")
-                arr = np.frombuffer(self.buf, dtype=_NP[etype], count=count, offset=self.pos)
+                arr: np.ndarray = np.frombuffer(self.buf, dtype=_NP[etype], count=count,
+                                                offset=self.pos)
                 self.pos += count * item
                 return arr.tolist()
             return [self.value(etype, f"{what}[{i}]") for i in range(count)]
