@@ -309,7 +309,7 @@ def _real() -> tuple[Path, Path]:
     try:
         gguf = lp.gguf_file(REAL_MODEL)
     except (ConfigError, ImportError, OSError) as e:
-        pytest.skip(f"the real model's GGUF is not available ({e}): run `make demo`")
+        pytest.skip(f"the real model's GGUF is not available ({e}): run `make real-model`")
     return python, gguf
 
 
