@@ -469,3 +469,24 @@ def test_header_parser_reads_what_gguf_reader_reads(good: Path) -> None:
             assert f.data_start + ours.offset == t.data_offset, t.name
             assert np.array_equal(f.raw(ours).reshape(-1), np.asarray(t.data).view(np.uint8)
                                   .reshape(-1)), t.name
+
+
+@pytest.mark.parametrize("damage", ["version", "value type", "tensor dims"])
+def test_corrupt_header_is_refused(damage: str, good: Path, tmp_path: Path) -> None:
+    data = bytearray(good.read_bytes())
+    if damage == "version":
+        data[4:8] = (99).to_bytes(4, "little")
+        want = "GGUF version 99"
+    elif damage == "value type":  # the first metadata entry's type field
+        key_len = int.from_bytes(data[24:32], "little")
+        at = 32 + key_len
+        data[at:at + 4] = (77).to_bytes(4, "little")
+        want = "unknown GGUF value type 77"
+    else:  # token_embd's first dim → 2^40: its data runs far past the end
+        at = bytes(data).index(b"token_embd.weight") + len("token_embd.weight") + 4
+        data[at:at + 8] = (1 << 40).to_bytes(8, "little")
+        want = "truncated: tensor 'token_embd.weight'"
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=want):
+        load_target(bad)

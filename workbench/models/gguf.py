@@ -28,6 +28,7 @@ refused naming the field or the tensor and its type.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass, field
@@ -133,7 +134,7 @@ class GGUFFile:
         if row % block:
             raise CheckpointError(f"{self.path}: tensor {t.name!r} ({t.type_name}): row length "
                                   f"{row} is not a multiple of the block size {block}")
-        rows = int(np.prod(t.dims[1:], dtype=np.int64)) if len(t.dims) > 1 else 1
+        rows = math.prod(t.dims[1:])  # Python ints: absurd dims cannot wrap around
         row_bytes = row // block * type_size
         start = self.data_start + t.offset
         end = start + rows * row_bytes
