@@ -281,6 +281,8 @@ def test_bench_on_a_stand_in(micro_target: Path, random_head: Path, fake_llama_c
     assert peer["llama_cpp"] == "0.0-fake" and peer["threads"] >= 1
     assert peer["llamacpp_weight_bytes"] == 1234 and peer["workbench_weight_bytes"] > 0
     assert peer["divergence"][lp.LC]["prompts"] == 2
+    for at in peer["divergence"][lp.LC]["at"]:  # the two tokens where llama.cpp left ours
+        assert at["position"] >= 0 and isinstance(at["workbench"], str)
     kind = doc["machine"]["kind"]
     entry = json.loads((out / f"{kind}.json").read_text())["benchmarks"]["peers_llamacpp"]
     assert "--peer llamacpp" in entry["command"]

@@ -273,7 +273,7 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
              "llamacpp_weight_bytes": info.get("model_size"),
              "workbench_weight_bytes": _weight_bytes(engine),
              "chat_template": bool(getattr(tok, "chat_template", None)),
-             "divergence": _divergences(df)}
+             "divergence": _divergences(df, getattr(tok, "decode", None))}
     return df.drop(columns=["tokens_ids"]), summary, facts
 
 
@@ -291,14 +291,24 @@ def _weight_bytes(engine: Engine) -> int | None:
     return total
 
 
-def _divergences(df: pd.DataFrame) -> dict[str, Any]:
-    """Per arm: the first divergence from ``workbench`` of each prompt (first repeat)."""
+def _divergences(df: pd.DataFrame, decode: Any = None) -> dict[str, Any]:
+    """Per arm: the first divergence from ``workbench`` of each prompt (first repeat) and, with
+    ``decode`` (ids → text), the two tokens there (``at``: prompt, position, workbench's token,
+    the arm's)."""
     first = df[df["repeat"] == 0]
+    ref = {int(r.prompt): r.tokens_ids for r in first[first["arm"] == WB].itertuples()}
     out: dict[str, Any] = {}
     for arm, g in first.groupby("arm", sort=False):
         pos = [None if pd.isna(v) else int(v) for v in g["first_divergence"]]
+        at = []
+        for i, ids, p in zip(g["prompt"], g["tokens_ids"], pos, strict=True):
+            w = ref.get(int(i))
+            if decode is not None and p is not None and w is not None \
+                    and p < min(len(ids), len(w)):
+                at.append({"prompt": int(i), "position": p, "workbench": decode(w[p:p + 1]),
+                           "arm": decode(ids[p:p + 1])})
         out[str(arm)] = {"per_prompt": pos, "identical_prompts": sum(v is None for v in pos),
-                         "prompts": len(pos)}
+                         "prompts": len(pos), "at": at}
     return out
 
 
@@ -407,6 +417,9 @@ def bench_llamacpp(ns: argparse.Namespace) -> int:
         if arm != WB:
             print(f"{arm}: {d['identical_prompts']}/{d['prompts']} prompts token-identical to "
                   f"the workbench; first divergence per prompt {d['per_prompt']}")
+            for at in d["at"]:
+                print(f"  prompt {at['prompt']} at {at['position']}: workbench "
+                      f"{at['workbench']!r}, {arm} {at['arm']!r}")
     if not facts["tokenizer_agrees"]:
         print("note: the GGUF's own tokenizer encodes the rendered prompt differently; every arm "
               "gets the workbench tokenizer's ids")
