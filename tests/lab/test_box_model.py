@@ -193,3 +193,10 @@ def test_kv_pool_caps_the_batch(seeds_box: dict) -> None:
     assert row["plain_batch"] == n and row["plain_capped"]
     small = set_field(seeds_box, "server.kv_tokens=30720")  # 20 requests of 1536 tokens
     assert level(small, 64)["plain_batch"] == 20 and level(small, 64)["spec_batch"] == 20
+
+
+def test_refusal_names_the_claim_that_never_holds() -> None:
+    """A slow unfused all-reduce fits the five numbers, but it slows plain decoding as much: the
+    seeds' 'net-negative before fusion' then holds at no τ, and the refusal says so."""
+    with pytest.raises(ConfigError, match=r"fit at τ 1\.\d+–1\.\d+.*\['net_negative_before'\]"):
+        box_report("seeds", ["link.allreduce_us=122"])

@@ -134,8 +134,15 @@ def box_report(preset: str | Path = "seeds", sets: Sequence[str] = (),
         res = fit(box, obs, tau, tuple(fit_keys))
         band = tau_band(box, obs, claims=claims)
         if band["band"] is None:
-            raise ConfigError("lab box: no τ in 1.1..4 fits the numbers within ±20 % with "
-                              "their claims holding")
+            names = [c["key"] for c in claims]
+            never = [k for k in names if not any(r.get(k) for r in band["rows"])]
+            within = [r["tau"] for r in band["rows"]
+                      if all(abs(v) <= 0.2 for k, v in r.items()
+                             if k not in ("tau", "floor_ms", "attn_ns", "within", *names))]
+            raise ConfigError(
+                "lab box: no τ in 1.1..4 fits the numbers within ±20 % with their claims "
+                f"holding: the numbers fit at τ {_span(within)}; claims that hold at no τ: "
+                f"{never or 'none (each holds somewhere, never together with the fit)'}")
         lo, hi = band["band"]
         ends = [predict(fit(box, obs, t, tuple(fit_keys))["box"], obs, t) for t in (lo, hi)]
         for row, a, b in zip(res["numbers"], *ends, strict=True):
@@ -255,3 +262,9 @@ def print_report(rep: dict[str, Any]) -> None:
         note = f" ({'/'.join(capped)} at its cap: the server queues the rest)" if capped else ""
         print(f"{r['concurrency']:>4} {r['plain_tok_s']:>8.1f} {r['spec_tok_s']:>8.1f} "
               f"{r['gain']:>6.2f}  {r['plain_batch']}/{r['spec_batch']}{note}")
+
+
+def _span(taus: list[float]) -> str:
+    """``lo–hi`` of a τ list, or ``none``."""
+    return f"{min(taus):g}–{max(taus):g}" if taus else "none"
+
