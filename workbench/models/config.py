@@ -166,13 +166,13 @@ class ModelConfig:
         """A model folder's ``config.json``, or a GGUF's metadata: a ``.gguf`` file, a folder
         holding one and no safetensors, or a pointer folder (``gguf.json``)."""
         from workbench.models.fetch import POINTER, resolve_pointer
-        from workbench.models.gguf import config_from_gguf, find_gguf
+        from workbench.models.gguf import find_gguf, read_hf_config
 
         if (Path(path) / POINTER).is_file():
             path = resolve_pointer(path)
         gguf_file = find_gguf(path)
         if gguf_file is not None:
-            return config_from_gguf(gguf_file)
+            return cls.from_dict(read_hf_config(gguf_file))
         p = Path(path) / "config.json"
         if not p.is_file():
             raise ConfigError(f"model path {str(path)!r}: no config.json found")

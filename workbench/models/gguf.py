@@ -6,7 +6,8 @@ merges and chat template ...), one record per tensor (name, dims with the fastes
 ggml type, offset) and, after padding to ``general.alignment``, the tensor data. This module
 parses the header itself (a stream of length-prefixed records; the tokenizer's 100 k strings
 are read in well under a second) so that a truncated or corrupt file fails with the byte offset
-and field that are wrong, maps the metadata to a :class:`ModelConfig`, and dequantises each
+and field that are wrong, maps the metadata to an HF config dict (``ModelConfig.from_dict``
+reads it), and dequantises each
 tensor with the ``gguf`` package's reference kernels (``gguf.quants.dequantize``, the same code
 transformers' GGUF loader runs) to the engine's dtype.
 
@@ -33,13 +34,15 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from workbench.models.config import ModelConfig
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
@@ -307,9 +310,10 @@ def _positive(meta: dict[str, Any], key: str, default: Any = ...) -> int:
     return int(v)
 
 
-def config_from_metadata(meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> ModelConfig:
-    """The runtime's config from a GGUF file's metadata (llama family); ConfigError naming the
-    field for another architecture, experts, rope scaling or inconsistent head sizes."""
+def hf_config(meta: dict[str, Any], tensors: dict[str, TensorInfo]) -> dict[str, Any]:
+    """A GGUF file's metadata (llama family) as the HF ``config.json`` dict it stands for
+    (``ModelConfig.from_dict`` reads it); ConfigError naming the field for another
+    architecture, experts, rope scaling or inconsistent head sizes."""
     arch = _field(meta, "general.architecture", str)
     if arch not in ARCHITECTURES:
         raise ConfigError(f"GGUF metadata 'general.architecture': {arch!r} is not supported "
@@ -357,29 +361,33 @@ def config_from_metadata(meta: dict[str, Any], tensors: dict[str, TensorInfo]) -
         tid = _field(meta, key, int, None)
         if tid is not None and tid not in eos:
             eos.append(tid)
-    return ModelConfig(
-        family="llama",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=_positive(meta, a + "feed_forward_length"),
-        num_hidden_layers=_positive(meta, a + "block_count"),
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        head_dim=head_dim,
-        rms_norm_eps=float(_field(meta, a + "attention.layer_norm_rms_epsilon", float)),
-        rope_theta=float(_field(meta, a + "rope.freq_base", (float, int), 10000.0)),
-        max_position_embeddings=_positive(meta, a + "context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensors,
-        bos_token_id=_field(meta, "tokenizer.ggml.bos_token_id", int, None),
-        eos_token_id=eos,
-        torch_dtype="float32",
-    )
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": _positive(meta, a + "feed_forward_length"),
+        "num_hidden_layers": _positive(meta, a + "block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "rms_norm_eps": float(_field(meta, a + "attention.layer_norm_rms_epsilon", float)),
+        "rope_theta": float(_field(meta, a + "rope.freq_base", (float, int), 10000.0)),
+        "max_position_embeddings": _positive(meta, a + "context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": _field(meta, "tokenizer.ggml.bos_token_id", int, None),
+        "eos_token_id": eos,
+        "torch_dtype": "float32",
+    }
 
 
-def config_from_gguf(path: str | Path) -> ModelConfig:
-    """The config of a GGUF file (metadata only; the tensors are not read)."""
+def read_hf_config(path: str | Path) -> dict[str, Any]:
+    """:func:`hf_config` of a file (metadata only; the tensors are not read)."""
     with open_gguf(path) as f:
-        return config_from_metadata(f.metadata, f.tensors)
+        return hf_config(f.metadata, f.tensors)
 
 
 def runtime_name(name: str, n_layers: int) -> str:

@@ -15,7 +15,7 @@ from torch import nn
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
-from workbench.models.gguf import config_from_metadata, find_gguf, open_gguf, read_tensors
+from workbench.models.gguf import find_gguf, hf_config, open_gguf, read_tensors
 from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
 from workbench.models.moe_model import MoeForCausalLM
 
@@ -167,7 +167,7 @@ def _load_gguf(path: Path, dt: torch.dtype, device: str) -> tuple[LlamaForCausal
     become the parameters themselves (``assign=True`` on a model built on the meta device), so
     the weights are written once and no second copy is ever alive."""
     with open_gguf(path) as f:
-        cfg = config_from_metadata(f.metadata, f.tensors)
+        cfg = ModelConfig.from_dict(hf_config(f.metadata, f.tensors))
         tensors = read_tensors(f, cfg, dt, device)
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(dt)
