@@ -421,8 +421,9 @@ def tau_main(argv: list[str] | None = None) -> int:
     finally:
         engine.close()
     print(tau_table(res).to_string(index=False))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()
+    repo = Path(__file__).resolve().parents[2]
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
     res.update({"command": "python -m workbench.bench.spec " + " ".join(sys.argv[1:] if argv
                                                                          is None else argv),
                 "commit": commit, "model": ns.model, "draft": ns.draft,

@@ -122,7 +122,7 @@ def distill(model: str, prompts: Path, out: Path, per_kind: int, max_new_tokens:
             answers = _answer(engine, prompt_ids, max_new_tokens)
             with open(conv, "a") as f:
                 for r, m, p, a in zip(chunk, msgs, prompt_ids, answers, strict=True):
-                    # the earlier assistant turns are the target's too: mask them as answers
+                    # mask: the last answer (earlier assistant turns sit in the prompt ids)
                     mask = [0] * len(p) + [1] * len(a)
                     f.write(json.dumps({"id": r["id"], "kind": r["kind"], "ids": p + a,
                                         "mask": mask, "messages": m}) + "\n")
