@@ -117,9 +117,12 @@ class GGUFFile:
     _buf: mmap.mmap | None = field(default=None, repr=False)
 
     def close(self) -> None:
-        if self._buf is not None:
-            self._buf.close()
-            self._buf = None
+        """Unmap the file. While a numpy view of its bytes is alive (a caller's ``raw()``, an
+        error's traceback frame) the map cannot close: it then closes when the last view goes,
+        and the error being raised is not masked by this one."""
+        buf, self._buf = self._buf, None
+        if buf is not None:
+            _unmap(buf)
 
     def __enter__(self) -> GGUFFile:
         return self
@@ -163,6 +166,14 @@ class GGUFFile:
         if not values.flags.writeable:  # F32 comes back as a view of the mapped file: own it
             values = values.copy()
         return torch.from_numpy(values.reshape(t.shape)).to(dtype)
+
+
+def _unmap(buf: mmap.mmap) -> None:
+    """Close ``buf`` unless numpy views of it are alive; those then keep it until they go."""
+    try:
+        buf.close()
+    except BufferError:
+        del buf  # the views hold the map; dropping this reference leaves it to them
 
 
 class _Cursor:
@@ -229,7 +240,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     try:
         return _parse(p, buf, size)
     except BaseException:
-        buf.close()
+        _unmap(buf)
         raise
 
 
