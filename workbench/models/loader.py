@@ -1,4 +1,5 @@
-"""Load HF target folders (single or sharded safetensors) and EAGLE-3 draft checkpoints."""
+"""Load targets (HF folders of single or sharded safetensors; GGUF files, workbench/models/gguf.py)
+and EAGLE-3 draft checkpoints."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ def text_tensors(tensors: dict[str, torch.Tensor],
 
 def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
                 device: str = "cpu") -> tuple[Target, ModelConfig, Path]:
-    """A target folder or GGUF file → (model, config, path). Dense families build
+    """A target folder or GGUF file → (model, config, path), ``path`` as :func:`resolve_path`
+    gives it (a pointer folder's cache folder, a GGUF file itself). Dense families build
     :class:`LlamaForCausalLM`, MoE families :class:`MoeForCausalLM`; ``model.load_note`` says
     what a multimodal checkpoint's loader skipped (empty otherwise) or which GGUF was
     dequantised."""
