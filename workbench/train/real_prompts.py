@@ -24,6 +24,7 @@ import inspect
 import json
 import random
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,9 @@ def _passages(min_chars: int = 250, max_chars: int = 1400) -> list[tuple[str, st
                                                                   or inspect.isclass(o)
                                                                   or inspect.isbuiltin(o))]
         for name, o in objs:
-            doc = inspect.getdoc(o) or ""
+            with warnings.catch_warnings():  # reading a deprecated alias's doc (typing.re)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                doc = inspect.getdoc(o) or ""
             doc = re.sub(r"\n{3,}", "\n\n", doc).strip()
             if min_chars <= len(doc) <= max_chars and name not in out:
                 out[name] = doc
