@@ -77,3 +77,24 @@ def test_bootstrap_ratio_brackets_the_ratio_of_sums() -> None:
     assert point == pytest.approx(14 / 6)
     assert lo <= point <= hi
     assert bootstrap_ratio([2, 2], [1, 1])[1:] == (2.0, 2.0)
+
+
+def test_tau_bench_on_the_toy_pair() -> None:
+    """``run_tau_bench`` end to end on the shipped toy pair: per kind, overall, per depth."""
+    import workbench as wb
+    from workbench.bench.spec import run_tau_bench, tau_table
+
+    root = Path(__file__).resolve().parents[2] / "data" / "models"
+    records = [{"id": "a", "kind": "code", "prompt": "def add(a, b):\n"},
+               {"id": "b", "kind": "code", "prompt": "import os\n\n\ndef main("},
+               {"id": "c", "kind": "text", "prompt": "class Stack:\n    def push(self, x):\n"}]
+    spec = wb.SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
+    with wb.Engine.from_pretrained(root / "wb-target", draft=root / "wb-eagle3",
+                                   config=wb.EngineConfig(max_batch_size=2)) as engine:
+        res = run_tau_bench(engine, records, spec, max_new_tokens=12, batch=2, progress=False)
+    assert set(res["by_kind"]) == {"code", "text"} and res["overall"]["prompts"] == 3
+    o = res["overall"]
+    assert o["lossless"] and 1.0 <= o["tau_lo"] <= o["tau"] <= o["tau_hi"] <= 6.0
+    rates = [d["accept_rate"] for d in o["per_depth"]]
+    assert len(rates) == 5 and rates == sorted(rates, reverse=True)
+    assert list(tau_table(res)["kind"]) == ["code", "text", "overall"]
