@@ -20,6 +20,17 @@ import numpy as np
 from workbench.errors import ConfigError
 
 
+def read_prompts(path: str | Path) -> list[dict]:
+    """Prompt records of a ``real_prompts`` file; a line without id, kind or prompt is refused
+    naming the line."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for i, r in enumerate(rows):
+        for f in ("id", "kind", "prompt"):
+            if f not in r:
+                raise ConfigError(f"{path}: line {i + 1} has no field {f!r}")
+    return rows
+
+
 def _interleave(rows: list[dict]) -> list[dict]:
     by: dict[str, list[dict]] = {}
     for r in rows:
@@ -80,7 +91,6 @@ def distill(model: str, prompts: Path, out: Path, per_kind: int, max_new_tokens:
     from tqdm.auto import tqdm  # here: a data tool, not one of the trainers quiet_progress mutes
 
     import workbench as wb
-    from workbench.train.real_prompts import read_prompts
 
     rows = read_prompts(prompts / "train.jsonl")
     if per_kind:

@@ -275,15 +275,6 @@ def write_prompts(out: Path = OUT_DIR, seed: int = 0) -> dict[str, dict[str, int
             for name, rows in (("train", train), ("heldout", held))}
 
 
-def read_prompts(path: str | Path) -> list[dict]:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    for i, r in enumerate(rows):
-        for f in ("id", "kind", "prompt"):
-            if f not in r:
-                raise ConfigError(f"{path}: line {i + 1} has no field {f!r}")
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.train.real_prompts")
     sub = ap.add_subparsers(dest="cmd", required=True)
