@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MODEL=${MODEL:-data/models/smollm2-135m-instruct}
-DRAFT=${DRAFT:-data/models/smollm2-eagle3}
+DRAFT=${DRAFT-data/models/smollm2-eagle3}   # empty: no head (baseline arms only)
 SRC=${SRC:-data/prompts/real/heldout.jsonl}
 OUT=${OUT:-data/results/smollm2-135m-instruct}
 PROMPTS=${PROMPTS:-4}          # bs=1 benches: rendered prompts, categories interleaved
@@ -40,7 +40,7 @@ SWEEP_NEW=${SWEEP_NEW:-16}
 # measured on a busy machine are not cached, so each engine would re-measure for ~30 s); one
 # thread is what autotune picks on this 2-core machine beside other work. The transformers
 # peers run in the same process with the same torch thread count.
-ENGINE=${ENGINE:-threads=1,gemm=onednn}
+ENGINE=${ENGINE-threads=1,gemm=onednn}   # empty: the engine's measured "auto" choices
 # sweeps: one engine, the arms of a cell back to back (order rotated per repeat); empty for one
 # engine per arm, interleaved step by step (each engine loads the GGUF: ~1 min on a busy machine)
 SWEEP_MODE=${SWEEP_MODE---sequential}
