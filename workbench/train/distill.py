@@ -47,7 +47,13 @@ class ChatTokenizer:
     def __init__(self, model: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(model))
+        from workbench.models.loader import resolve_path
+
+        # a pointer folder (the real model's stable name) resolves to the cache folder that
+        # holds the tokenizer files
+        folder = resolve_path(model)
+        self.tok = AutoTokenizer.from_pretrained(str(folder if folder.is_dir() else
+                                                     folder.parent))
         if not getattr(self.tok, "chat_template", None):
             raise ConfigError(f"model {str(model)!r}: its tokenizer has no chat template")
 
