@@ -52,6 +52,7 @@ def test_heldout_file_is_disjoint_from_train() -> None:
     assert all(r["prompt"][-1]["role"] == "user" for r in held)
 
 
+@pytest.mark.slow  # a 538 MB target and 2×2 generations: ~1 min on a quiet 2-core box, 5 busy
 def test_real_head_drafts_are_accepted_and_lossless() -> None:
     why = unavailable()
     if why:
