@@ -42,9 +42,10 @@ def tau_section(tau: dict[str, Any]) -> str:
                          f"{d['accept_rate']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
                          for d in r["per_depth"]) + f" | {r['lossless']} |")
     m = tau.get("machine", {})
-    lines += ["", f"Command: `{tau.get('command', '')}` (commit {tau.get('commit', '')[:10]}); "
-              f"machine: {m.get('cpu')}, {m.get('cores')} cores; load {m.get('load')}. τ does "
-              "not depend on load."]
+    load = m.get("load", {})
+    lines += ["", f"Command: `{tau.get('command', '')}` (the commit is in the result JSON); "
+              f"machine: {m.get('cpu')}, {m.get('cores')} cores; load average before/after "
+              f"{load.get('before')} / {load.get('after')}. τ does not depend on load."]
     return "\n".join(lines) + "\n"
 
 
