@@ -88,6 +88,9 @@ OFF_STEP_PATH: dict[str, str] = {
     "models/__init__.py": "re-exports",
     "models/config.py": "config parsing",
     "models/loader.py": "init: builds modules on the meta device, then loads weights",
+    "models/gguf.py": "init: reads a GGUF file and dequantises its tensors on the host; the "
+                      "loader moves them",
+    "models/fetch.py": "setup: downloads and unpacks the real model's files; no tensors",
     "models/synthetic.py": "writes random checkpoints for tests",
     "models/synthetic_moe.py": "writes random MoE checkpoints for tests (through transformers)",
     "models/moe_config.py": "config parsing: the MoE/MLA fields and their refusals",
