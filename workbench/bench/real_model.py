@@ -33,7 +33,7 @@ from typing import Any
 from workbench.errors import ConfigError
 
 
-def _messages(obj: Any, where: str) -> list[dict[str, str]]:
+def chat_messages_of(obj: Any, where: str) -> list[dict[str, str]]:
     """One input line → chat messages (errors name the file, the line and the field)."""
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: expected a JSON object")
@@ -90,7 +90,7 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: not JSON ({e.msg})") from None
-        msgs = _messages(obj, where)
+        msgs = chat_messages_of(obj, where)
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         if not isinstance(text, str) or not text:
             raise ConfigError(f"{where}: the chat template rendered no text")

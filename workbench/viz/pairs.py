@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.real_model import chat_messages_of
 from workbench.errors import ConfigError
 from workbench.train.demo_models import REPO_ROOT, demo_models
 
@@ -71,22 +72,10 @@ def read_chat_prompts(path: Path | None = None) -> list[tuple[str, list[dict[str
             d = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: not JSON ({e.msg})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{where}: expected a JSON object")
+        msgs = chat_messages_of(d, where)  # the bench's reading of a line: one rule
         kind = d.get("kind")
         if not isinstance(kind, str) or not kind:
             raise ConfigError(f"{where}: field 'kind' (the category) missing or not a string")
-        if "messages" in d:
-            msgs = d["messages"]
-            if not isinstance(msgs, list) or not msgs or not all(
-                    isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str) for m in msgs):
-                raise ConfigError(f"{where}: field 'messages' must be a non-empty list of "
-                                  "{'role': str, 'content': str}")
-        elif isinstance(d.get("prompt"), str) and d["prompt"]:
-            msgs = [{"role": "user", "content": d["prompt"]}]
-        else:
-            raise ConfigError(f"{where}: neither 'messages' nor a non-empty string 'prompt'")
         out.append((kind, msgs))
     if not out:
         raise ConfigError(f"{path}: no prompts")
