@@ -279,3 +279,86 @@ def test_config_errors_name_the_problem(tmp_path: Path, micro_target: Path,
         micro_cfg(tmp_path, micro_target, tiny_corpus, step_decay=0.0)
     with pytest.raises(ConfigError, match="regen_prompt_len"):
         micro_cfg(tmp_path, micro_target, tiny_corpus, regenerate=True, regen_prompt_len=48)
+
+
+# -- answer-only loss -------------------------------------------------------------------------
+
+
+def test_row_weights_are_the_predicted_tokens_mask() -> None:
+    from workbench.train.eagle3.data import answer_starts, row_weights
+
+    mask = np.zeros(40, dtype=np.float32)
+    mask[[10, 11, 12, 30]] = 1
+    # answer position index 3 (token 30) under row 5 of a 12-token window: start 30 - 2 - 5
+    starts = answer_starts(mask, 12, np.array([3, 0]), np.array([5, 0]))
+    assert starts == [23, 8]
+    w = row_weights(mask, starts, 12)
+    assert w.shape == (2, 11)
+    assert w[0].tolist() == [float(i == 5) for i in range(11)]  # row i predicts token s + i + 2
+    assert w[1].tolist()[:5] == [1, 1, 1, 0, 0]
+    # clipped into the array, past-the-end rows weigh 0
+    end = answer_starts(mask, 12, np.array([3]), np.array([0]))
+    assert end == [28] and row_weights(mask, end, 12)[0].sum() == 1
+
+
+def test_weighted_ttt_loss_is_the_mean_over_weighted_rows() -> None:
+    torch.manual_seed(0)
+    cfg = Eagle3Config(hidden_size=32, target_hidden_size=32, intermediate_size=64,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=50,
+                       draft_vocab_size=50)
+    draft = Eagle3Draft(cfg, embed=torch.nn.Embedding(50, 32)).eval()
+    b, t = 2, 12
+    x = torch.randint(0, 50, (b, t))
+    taps, logits = torch.randn(b, t, 96), torch.randn(b, t, 50)
+    with torch.no_grad():
+        plain = ttt_forward(draft, taps, logits, x, 5, 0.8)
+        ones = ttt_forward(draft, taps, logits, x, 5, 0.8, torch.ones(b, t - 1))
+        for u, v in zip(plain, ones, strict=True):
+            torch.testing.assert_close(u, v)
+        # window 1 weighted whole, window 0 not at all: window 1's own figures
+        w = torch.zeros(b, t - 1)
+        w[1] = 1
+        torch.testing.assert_close(ttt_forward(draft, taps, logits, x, 5, 0.8, w),
+                                   ttt_forward(draft, taps[1:], logits[1:], x[1:], 5, 0.8))
+        # one row: agreement is 0 or 1 on every step that scores it
+        w = torch.zeros(b, t - 1)
+        w[1, 7] = 1
+        _, kl, acc = ttt_forward(draft, taps, logits, x, 5, 0.8, w)
+        assert ((acc == 0) | (acc == 1)).all() and (kl > 0).all()
+        with pytest.raises(ConfigError, match="weights"):
+            ttt_forward(draft, taps, logits, x, 5, 0.8, torch.ones(b, t))
+
+
+def write_masked_corpus(path: Path, micro_target: Path) -> Path:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 300, 4000).astype(np.uint16)
+    mask = (np.arange(4000) % 50 >= 30).astype(np.uint8)  # 20 answer tokens in every 50
+    np.savez(path, train=ids[:3600], train_mask=mask[:3600], heldout=ids[3600:],
+             heldout_mask=mask[3600:])
+    return path
+
+
+def test_answer_loss_trains_on_answers_and_reports_them(tmp_path: Path,
+                                                        micro_target: Path) -> None:
+    corpus = write_masked_corpus(tmp_path / "c.npz", micro_target)
+    s = train_draft(micro_cfg(tmp_path, micro_target, corpus, steps=4, ckpt_every=2,
+                              answer_loss=True))
+    assert s["config"]["answer_loss"] is True
+    for k in ("train_answers", "heldout_answers"):
+        assert len(s[k]["acc"]) == 5 and all(0 <= a <= 1 for a in s[k]["acc"])
+    assert (tmp_path / "head" / "model.safetensors").is_file()
+
+
+def test_answer_loss_refusals_name_the_field(tmp_path: Path, micro_target: Path,
+                                             tiny_corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="answer_loss: needs a pre-tokenized .npz"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, answer_loss=True)
+    bare = tmp_path / "bare.npz"
+    np.savez(bare, train=np.zeros(400, np.uint16), heldout=np.zeros(100, np.uint16))
+    with pytest.raises(ConfigError, match="'train_mask'"):
+        train_draft(micro_cfg(tmp_path, micro_target, bare, answer_loss=True))
+    blank = tmp_path / "blank.npz"
+    np.savez(blank, train=np.zeros(400, np.uint16), train_mask=np.zeros(400, np.uint8),
+             heldout=np.zeros(100, np.uint16), heldout_mask=np.ones(100, np.uint8))
+    with pytest.raises(ConfigError, match="train_mask marks no answer token"):
+        train_draft(micro_cfg(tmp_path, micro_target, blank, answer_loss=True))

@@ -24,10 +24,13 @@ from __future__ import annotations
 
 from workbench.train.eagle3.config import RESUME_FIELDS, DraftTrainConfig
 from workbench.train.eagle3.data import (
+    answer_masks,
     corpus_tokens,
+    eval_answer_windows,
     eval_windows,
     generate_windows,
     regenerated,
+    sample_answer_batch,
     sample_batch,
 )
 from workbench.train.eagle3.head import (
@@ -51,8 +54,9 @@ from workbench.train.eagle3.ttt import (
 from workbench.train.loop import lr_at
 
 __all__ = [
-    "RESUME_FIELDS", "TEMPERATURE_GRID", "DraftTrainConfig", "build_draft_vocab", "corpus_tokens",
-    "draft_config", "est_accept_length", "eval_windows", "evaluate", "fit_greedy_temperature",
-    "generate_windows", "head_state", "lr_at", "new_draft", "regenerated", "sample_batch",
-    "target_features", "train_draft", "trainable", "ttt_forward", "ttt_mask", "ttt_unroll",
+    "DraftTrainConfig", "RESUME_FIELDS", "TEMPERATURE_GRID", "answer_masks", "build_draft_vocab",
+    "corpus_tokens", "draft_config", "est_accept_length", "eval_answer_windows", "eval_windows",
+    "evaluate", "fit_greedy_temperature", "generate_windows", "head_state", "lr_at", "new_draft",
+    "regenerated", "sample_answer_batch", "sample_batch", "target_features", "train_draft",
+    "trainable", "ttt_forward", "ttt_mask", "ttt_unroll",
 ]

@@ -44,6 +44,10 @@ class DraftTrainConfig:
     seed: int = 0
     ckpt_every: int = 50
     threads: int = 0  # 0: torch default
+    # Loss and agreement on the rows that predict an answer token only (a ``.npz`` corpus with
+    # ``train_mask`` / ``heldout_mask``, e.g. ``workbench.train.distill.pack``): at inference the
+    # head drafts the target's answers, never the user's prompt; windows are drawn around answers.
+    answer_loss: bool = False
 
     def __post_init__(self) -> None:
         for f in ("draft_vocab_size", "steps", "batch", "seq_len", "ckpt_every", "eval_batches",
@@ -74,5 +78,8 @@ class DraftTrainConfig:
         if self.regenerate and self.regen_prompt_len >= self.seq_len:
             raise ConfigError(f"regen_prompt_len: {self.regen_prompt_len} must be < seq_len "
                               f"{self.seq_len} (the rest of each window is generated)")
+        if self.answer_loss and not self.corpus.endswith(".npz"):
+            raise ConfigError(f"answer_loss: needs a pre-tokenized .npz corpus with answer masks, "
+                              f"got corpus={self.corpus!r}")
         if self.regenerate and self.regen_sequences == 0 and self.regen_mix > 0:
             raise ConfigError("regen_sequences: 0 with regenerate=True and regen_mix > 0")

@@ -101,6 +101,43 @@ def pretokenized(cfg: DraftTrainConfig, mcfg: ModelConfig) -> tuple[np.ndarray, 
     return train, held
 
 
+def answer_masks(cfg: DraftTrainConfig, train: np.ndarray,
+                 held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``train_mask`` / ``heldout_mask`` arrays of the ``.npz`` corpus (1 where the token is
+    part of an answer the head is to draft), checked against the token arrays."""
+    with np.load(cfg.corpus) as z:
+        out = []
+        for name, ids in (("train_mask", train), ("heldout_mask", held)):
+            if name not in z.files:
+                raise ConfigError(f"corpus {cfg.corpus!r}: answer_loss needs an array {name!r} "
+                                  f"(has {z.files})")
+            m = z[name]
+            if m.shape != ids.shape:
+                raise ConfigError(f"corpus {cfg.corpus!r}: {name} has shape {m.shape}, its "
+                                  f"tokens {ids.shape}")
+            if m.size and (int(m.min()) < 0 or int(m.max()) > 1):
+                raise ConfigError(f"corpus {cfg.corpus!r}: {name} must hold 0/1 only")
+            if not m.any():
+                raise ConfigError(f"corpus {cfg.corpus!r}: {name} marks no answer token")
+            out.append(m.astype(np.float32))
+    return out[0], out[1]
+
+
+def row_weights(mask: np.ndarray, starts: list[int], seq_len: int) -> np.ndarray:
+    """(len(starts), seq_len - 1): the weight of draft row i of the window at ``s`` is
+    ``mask[s + i + 2]``, the token that row predicts (0 past the end of the array)."""
+    padded = np.concatenate([mask, np.zeros(2, dtype=mask.dtype)])
+    return np.stack([padded[s + 2 : s + seq_len + 1] for s in starts])
+
+
+def answer_starts(mask: np.ndarray, seq_len: int, picks: np.ndarray,
+                  offsets: np.ndarray) -> list[int]:
+    """Window starts that put answer token ``picks[k]`` (an index into the answer positions)
+    under draft row ``offsets[k]`` (clipped into the array)."""
+    pos = np.flatnonzero(mask)[picks]
+    return np.clip(pos - 2 - offsets, 0, len(mask) - seq_len).astype(np.int64).tolist()
+
+
 @torch.no_grad()
 def generate_windows(folder: Path, source: np.ndarray, n: int, cfg: DraftTrainConfig,
                      seed: int, desc: str) -> np.ndarray:
@@ -173,6 +210,40 @@ def sample_batch(corpus: np.ndarray, regen: np.ndarray | None, cfg: DraftTrainCo
         picks = torch.randint(0, len(regen), (n_regen,), generator=gen).tolist()
         rows += [regen[i].astype(np.int64) for i in picks]
     return torch.from_numpy(np.stack(rows))
+
+
+def sample_answer_batch(corpus: np.ndarray, mask: np.ndarray, regen: np.ndarray | None,
+                        cfg: DraftTrainConfig, gen: torch.Generator
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, seq_len) int64 windows and (batch, seq_len - 1) row weights: corpus windows drawn
+    around a uniformly chosen answer token (at a uniform row), weighted by ``row_weights``; the
+    regenerated rows (as ``sample_batch``) are the target's own text throughout: weight 1."""
+    n_regen = round(cfg.batch * cfg.regen_mix) if regen is not None and len(regen) else 0
+    k = cfg.batch - n_regen
+    n_answer = int(np.count_nonzero(mask))
+    picks = torch.randint(0, n_answer, (k,), generator=gen).numpy()
+    offsets = torch.randint(0, cfg.seq_len - 1, (k,), generator=gen).numpy()
+    starts = answer_starts(mask, cfg.seq_len, picks, offsets)
+    rows = [corpus[s : s + cfg.seq_len].astype(np.int64) for s in starts]
+    weights = [row_weights(mask, starts, cfg.seq_len)]
+    if n_regen:
+        assert regen is not None
+        picked = torch.randint(0, len(regen), (n_regen,), generator=gen).tolist()
+        rows += [regen[i].astype(np.int64) for i in picked]
+        weights.append(np.ones((n_regen, cfg.seq_len - 1), dtype=np.float32))
+    return torch.from_numpy(np.stack(rows)), torch.from_numpy(np.concatenate(weights))
+
+
+def eval_answer_windows(data: np.ndarray, mask: np.ndarray,
+                        cfg: DraftTrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed windows (deterministic) around evenly spaced answer tokens, each at row 0 of its
+    window, and their row weights: (eval_batches·batch or fewer, seq_len), (..., seq_len - 1)."""
+    n_answer = int(np.count_nonzero(mask))
+    n = min(cfg.eval_batches * cfg.batch, max(1, len(data) // cfg.seq_len))
+    picks = np.linspace(0, n_answer - 1, n).astype(np.int64)
+    starts = answer_starts(mask, cfg.seq_len, picks, np.zeros(n, dtype=np.int64))
+    return (np.stack([data[s : s + cfg.seq_len] for s in starts]),
+            row_weights(mask, starts, cfg.seq_len))
 
 
 def eval_windows(data: np.ndarray, cfg: DraftTrainConfig) -> np.ndarray:

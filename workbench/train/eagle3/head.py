@@ -65,19 +65,25 @@ def head_state(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def evaluate(draft: Eagle3Draft, target: Target, aux: tuple[int, ...],
-             windows: np.ndarray, cfg: DraftTrainConfig) -> dict[str, list[float]]:
-    """Per-step mean forward KL and top-1 agreement over fixed windows (seq_len each)."""
+             windows: np.ndarray, cfg: DraftTrainConfig,
+             weights: np.ndarray | None = None) -> dict[str, list[float]]:
+    """Per-step mean forward KL and top-1 agreement over fixed windows (seq_len each);
+    ``weights`` (one row weight per draft row, as ``ttt_forward``): weighted means."""
     draft.eval()
     kl_sum = torch.zeros(cfg.ttt_steps)
     acc_sum = torch.zeros(cfg.ttt_steps)
+    n = 0.0
     for lo in range(0, len(windows), cfg.batch):
         x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64))
+        w = None if weights is None else torch.from_numpy(weights[lo : lo + cfg.batch])
         logits, taps = target_features(target, x, aux)
-        _, kl, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay)
-        kl_sum += kl * len(x)
-        acc_sum += acc * len(x)
+        _, kl, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
+        share = float(len(x)) if w is None else float(w.sum())  # step 0's rows, as the weight
+        kl_sum += kl * share
+        acc_sum += acc * share
+        n += share
     draft.train()
-    n = max(1, len(windows))
+    n = max(n, 1e-12)
     return {"loss": (kl_sum / n).tolist(), "acc": (acc_sum / n).tolist()}
 
 

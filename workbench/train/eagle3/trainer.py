@@ -18,7 +18,15 @@ from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.loader import Target, load_target, save_eagle3
 from workbench.train.eagle3.config import RESUME_FIELDS, DraftTrainConfig
-from workbench.train.eagle3.data import corpus_tokens, eval_windows, regenerated, sample_batch
+from workbench.train.eagle3.data import (
+    answer_masks,
+    corpus_tokens,
+    eval_answer_windows,
+    eval_windows,
+    regenerated,
+    sample_answer_batch,
+    sample_batch,
+)
 from workbench.train.eagle3.head import (
     draft_config,
     est_accept_length,
@@ -64,6 +72,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     target, mcfg, folder = _load_target_checked(cfg)
     aux = mcfg.aux_layer_ids()
     train, held = corpus_tokens(cfg, folder, mcfg)
+    masks = answer_masks(cfg, train, held) if cfg.answer_loss else None
     regen_train = regen_held = None
     regen_seconds = 0.0
     if cfg.regenerate and cfg.regen_sequences:
@@ -97,9 +106,13 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        x = sample_batch(train, regen_train, cfg, gen)
+        w = None
+        if masks is None:
+            x = sample_batch(train, regen_train, cfg, gen)
+        else:
+            x, w = sample_answer_batch(train, masks[0], regen_train, cfg, gen)
         logits, taps = target_features(target, x, aux)
-        loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay)
+        loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -123,6 +136,11 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     # 4. Evaluate (train / held-out corpus / held-out regenerated windows) and export.
     evals = {"train": evaluate(draft, target, aux, eval_windows(train, cfg), cfg),
              "heldout": evaluate(draft, target, aux, eval_windows(held, cfg), cfg)}
+    if masks is not None:  # the rows the head drafts at inference: answer tokens
+        for name, data, m in (("train_answers", train, masks[0]),
+                              ("heldout_answers", held, masks[1])):
+            windows, weights = eval_answer_windows(data, m, cfg)
+            evals[name] = evaluate(draft, target, aux, windows, cfg, weights)
     if regen_held is not None:
         evals["heldout_regen"] = evaluate(draft, target, aux, eval_windows(regen_held, cfg), cfg)
     # 5. Calibrate the tree-ranking temperature for greedy requests on held-out windows (the

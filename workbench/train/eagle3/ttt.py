@@ -77,8 +77,9 @@ def ttt_unroll(draft: Eagle3Draft, hidden: torch.Tensor, tokens: torch.Tensor,
 
 
 def ttt_forward(draft: Eagle3Draft, taps: torch.Tensor, target_logits: torch.Tensor,
-                tokens: torch.Tensor, ttt_steps: int,
-                step_decay: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                tokens: torch.Tensor, ttt_steps: int, step_decay: float,
+                weights: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The training-time test over one batch of windows.
 
     taps: (B, T, 3·Dt) hidden states entering the tapped target layers; target_logits: (B, T, V);
@@ -90,6 +91,10 @@ def ttt_forward(draft: Eagle3Draft, taps: torch.Tensor, target_logits: torch.Ten
     step j (the soft cross-entropy minus the target's entropy: same gradient, 0 when perfect);
     kl/acc detached; acc = top-1 agreement of the draft (mapped to target ids) with the target's
     argmax over the full vocab, which is what greedy verification accepts.
+
+    weights: (B, T-1) per-row weights (e.g. 1 on rows predicting an answer token, 0 elsewhere):
+    every mean above becomes the weighted mean over the rows each step scores (a step whose rows
+    all weigh 0 adds nothing; its kl/acc read 0).
     """
     n = tokens.shape[1] - 1
     # 1. Targets, shared by every step: restricted distribution and full-vocab argmax.
@@ -102,15 +107,24 @@ def ttt_forward(draft: Eagle3Draft, taps: torch.Tensor, target_logits: torch.Ten
     hidden = draft.fuse_features(taps[:, :n])  # (B, n, D)
     loss = hidden.new_zeros(())
     kl_steps, acc_steps = [], []
+    if weights is not None and weights.shape != top.shape:
+        raise ConfigError(f"weights: shape {tuple(weights.shape)}, expected {tuple(top.shape)}")
+
+    def mean(v: torch.Tensor, j: int) -> torch.Tensor:
+        if weights is None:
+            return v.mean()
+        w = weights[:, j:].to(v.dtype)
+        return (v * w).sum() / w.sum().clamp_min(1e-12)
+
     for j, logits in enumerate(ttt_unroll(draft, hidden, tokens[:, 1:], ttt_steps)):
         # 3. Forward KL(p || q) on the rows whose chain starts at or after position 0.
         logq = F.log_softmax(logits[:, j:].float(), dim=-1)
         kl = neg_entropy[:, j:] - (p[:, j:] * logq).sum(-1)  # (B, n-j)
-        loss = loss + step_decay**j * kl.mean()
+        loss = loss + step_decay**j * mean(kl, j)
         with torch.no_grad():
             agree = draft.draft_to_target(logits[:, j:].argmax(-1)) == top[:, j:]
-            kl_steps.append(kl.mean().detach())
-            acc_steps.append(agree.float().mean())
+            kl_steps.append(mean(kl, j).detach())
+            acc_steps.append(mean(agree.float(), j))
     return loss, torch.stack(kl_steps), torch.stack(acc_steps)
 
 
