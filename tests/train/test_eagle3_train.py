@@ -342,8 +342,9 @@ def test_answer_loss_trains_on_answers_and_reports_them(tmp_path: Path,
                                                         micro_target: Path) -> None:
     corpus = write_masked_corpus(tmp_path / "c.npz", micro_target)
     s = train_draft(micro_cfg(tmp_path, micro_target, corpus, steps=4, ckpt_every=2,
-                              answer_loss=True))
-    assert s["config"]["answer_loss"] is True
+                              answer_loss=True, autocast="bfloat16"))
+    assert s["config"]["answer_loss"] is True and s["config"]["autocast"] == "bfloat16"
+    assert all(np.isfinite(h["loss"]) for h in s["history"])
     for k in ("train_answers", "heldout_answers"):
         assert len(s[k]["acc"]) == 5 and all(0 <= a <= 1 for a in s[k]["acc"])
     assert (tmp_path / "head" / "model.safetensors").is_file()
@@ -351,6 +352,8 @@ def test_answer_loss_trains_on_answers_and_reports_them(tmp_path: Path,
 
 def test_answer_loss_refusals_name_the_field(tmp_path: Path, micro_target: Path,
                                              tiny_corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="autocast: must be"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, autocast="float16")
     with pytest.raises(ConfigError, match="answer_loss: needs a pre-tokenized .npz"):
         micro_cfg(tmp_path, micro_target, tiny_corpus, answer_loss=True)
     bare = tmp_path / "bare.npz"

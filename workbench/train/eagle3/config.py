@@ -48,6 +48,10 @@ class DraftTrainConfig:
     # ``train_mask`` / ``heldout_mask``, e.g. ``workbench.train.distill.pack``): at inference the
     # head drafts the target's answers, never the user's prompt; windows are drawn around answers.
     answer_loss: bool = False
+    # "bfloat16": the head's unrolled forward and backward under CPU autocast (weights, optimizer
+    # and the target's features stay float32; evaluation runs in float32). Faster where the CPU
+    # has bf16 dot products (AVX512_BF16, AMX); measure before choosing it elsewhere.
+    autocast: str = ""
 
     def __post_init__(self) -> None:
         for f in ("draft_vocab_size", "steps", "batch", "seq_len", "ckpt_every", "eval_batches",
@@ -78,6 +82,8 @@ class DraftTrainConfig:
         if self.regenerate and self.regen_prompt_len >= self.seq_len:
             raise ConfigError(f"regen_prompt_len: {self.regen_prompt_len} must be < seq_len "
                               f"{self.seq_len} (the rest of each window is generated)")
+        if self.autocast not in ("", "bfloat16"):
+            raise ConfigError(f"autocast: must be '' (off) or 'bfloat16', got {self.autocast!r}")
         if self.answer_loss and not self.corpus.endswith(".npz"):
             raise ConfigError(f"answer_loss: needs a pre-tokenized .npz corpus with answer masks, "
                               f"got corpus={self.corpus!r}")

@@ -3,6 +3,7 @@ checkpoints, evaluation, temperature calibration, export."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -112,7 +113,9 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         else:
             x, w = sample_answer_batch(train, masks[0], regen_train, cfg, gen)
         logits, taps = target_features(target, x, aux)
-        loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
+        with (torch.autocast("cpu", dtype=torch.bfloat16) if cfg.autocast == "bfloat16"
+              else contextlib.nullcontext()):
+            loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
