@@ -228,3 +228,21 @@ def test_default_arms_threshold_auto_and_forced(engine: wb.Engine) -> None:
         default_arms(engine, spec=spec, cost_model=hand_model(), flips=False)
     with pytest.raises(wb.ConfigError, match="default_arms.threshold"):
         default_arms(engine, spec=spec, cost_model=hand_model(), threshold="8", flips=False)
+
+
+def test_peers_load_transformers_in_the_engines_dtype(micro_target: Path) -> None:
+    """A bf16 engine is compared with transformers in bf16 (a ratio of implementations, not of
+    precisions): the greedy tokens agree and the run records the dtype."""
+    import workbench as wb
+    from workbench.bench.peers import run_peers
+
+    engine = wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(
+        dtype="bfloat16", compile="off", gemm="dense"))
+    try:
+        df, summary, machine = run_peers(engine, ["def f(x):\n"], max_new_tokens=6,
+                                         compiled=False)
+    finally:
+        engine.close()
+    assert machine["dtype"] == "bfloat16"
+    assert set(summary["arm"]) == {"hf generate", "hf prompt lookup", "workbench"}
+    assert (df["tokens"] == 6).all()

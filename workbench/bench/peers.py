@@ -8,6 +8,9 @@
   mode="reduce-overhead", fullgraph=True)`` — the strongest peer, not the easiest;
 * ``workbench``: our baseline; ``workbench eagle3``: our EAGLE-3 (when a draft is loaded).
 
+Every transformers arm loads the weights in the engine's dtype (``--engine dtype=bfloat16``: both
+sides stream bf16 weights), so a ratio compares implementations, never precisions.
+
 llama.cpp on the same GGUF (``--peer llamacpp``) runs in a process of its own:
 ``workbench.bench.llamacpp_peer``.
 
@@ -55,11 +58,12 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
         raise ValueError(f"run_peers: repeats must be >= 1, got {repeats}")
     # an HF folder as it is; a GGUF file (or a pointer folder) through transformers' GGUF load
     src, src_kw = transformers_source(engine.model_path)
-    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **src_kw).eval()
+    dtype = getattr(torch, engine.config.dtype)  # like for like: the engine's precision
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **src_kw).eval()
     tok = engine.tokenizer
     asst = None
     if assistant is not None:
-        asst = AutoModelForCausalLM.from_pretrained(str(assistant), dtype=torch.float32).eval()
+        asst = AutoModelForCausalLM.from_pretrained(str(assistant), dtype=dtype).eval()
     sp = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     hf_kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
                  pad_token_id=tok.eos_token_id)
@@ -75,7 +79,7 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
         "hf prompt lookup": lambda p: hf_run(p, prompt_lookup_num_tokens=10),
     }
     if compiled:
-        hfc = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **src_kw).eval()
+        hfc = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **src_kw).eval()
         hfc.generation_config.cache_implementation = "static"
         hfc.forward = torch.compile(hfc.forward, mode="reduce-overhead", fullgraph=True)
         arms[COMPILED] = lambda p: hf_run(p, model=hfc)
@@ -131,4 +135,4 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
             ratio = per.loc[arm, "tok_s"] / per.loc["hf generate", "tok_s"]
             _, lo, hi = mean_ci(ratio.tolist())
             g.loc[arm, ["vs_hf_generate_lo", "vs_hf_generate_hi"]] = [lo, hi]
-    return df, g.reset_index(), machine_info()
+    return df, g.reset_index(), {**machine_info(), "dtype": engine.config.dtype}
