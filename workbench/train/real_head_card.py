@@ -60,6 +60,17 @@ def render(head: Path, corpus: dict[str, Any], tau: dict[str, Any]) -> str:
     held = s.get("heldout", {})
     train = s.get("train", {})
     hist = s.get("history", [])
+    est = s.get("est_accept_length_chain", {})
+    answers = ""
+    if "heldout_answers" in s:  # trained with --answer-loss: the rows drafted at inference
+        answers = (f"| top-1 agreement by unrolled step, held-out answers | "
+                   f"{_f(s['heldout_answers']['acc'])} |\n"
+                   f"| chain estimate of τ (held-out answers) | "
+                   f"{est.get('heldout_answers', float('nan')):.2f} |\n")
+    loss_on = ("the rows that predict an answer token (`--answer-loss`: windows drawn around "
+               "answers)" if c.get("answer_loss") else "every row")
+    precision = (" under bfloat16 autocast (`--autocast bfloat16`; the target's features in "
+                 "float32)" if c.get("autocast") == "bfloat16" else "")
     hist_rows = "\n".join(f"| {h['step']} | {h['loss']:.3f} | {_f(h['acc'])} | "
                           f"{h['seconds'] / 60:.1f} |" for h in hist)
     return f"""# smollm2-eagle3 — an EAGLE-3 head for SmolLM2-135M-Instruct, trained on CPU
@@ -74,13 +85,13 @@ conversations; `d2t` / `t2d`), embedding shared with the target, weights in bflo
 | | |
 |---|---|
 | parameters | {s.get('parameters', 0) / 1e6:.2f} M |
-| training | {s.get('steps')} steps × batch {c.get('batch')} × {c.get('seq_len')} tokens = {s.get('tokens')} tokens, training-time test unrolled {c.get('ttt_steps')} steps (weights {c.get('step_decay')}^j), forward KL to the target over the draft vocabulary, lr {c.get('lr')} (warmup {c.get('warmup')}, cosine) |
+| training | {s.get('steps')} steps × batch {c.get('batch')} × {c.get('seq_len')} tokens = {s.get('tokens')} tokens, training-time test unrolled {c.get('ttt_steps')} steps (weights {c.get('step_decay')}^j), forward KL to the target over the draft vocabulary on {loss_on}{precision}, lr {c.get('lr')} (warmup {c.get('warmup')}, cosine) |
 | training time | {s.get('seconds', 0) / 60:.1f} min at {s.get('tokens_per_second', 0):.0f} tokens/s, {s.get('torch_threads')} torch thread(s) (provisional, under load: {run.get('load', '')}) |
 | draft-vocab coverage | {s.get('draft_vocab_coverage', 0):.3f} of training tokens |
 | top-1 agreement by unrolled step, train windows | {_f(train.get('acc', []))} |
 | top-1 agreement by unrolled step, held-out conversations | {_f(held.get('acc', []))} |
-| chain estimate of τ (held-out) | {s.get('est_accept_length_chain', {}).get('heldout', float('nan')):.2f} |
-| greedy calibration | T = {s.get('greedy_score_temperature')} ranks greedy requests' tree nodes (ranking only, lossless) |
+| chain estimate of τ (held-out) | {est.get('heldout', float('nan')):.2f} |
+{answers}| greedy calibration | T = {s.get('greedy_score_temperature')} ranks greedy requests' tree nodes (ranking only, lossless) |
 | machine | {run.get('cpu', '')}; load {run.get('load', '')} |
 
 ## Data: self-distillation on prompts the project writes
