@@ -300,9 +300,13 @@ def cmd_formcheck(ns: argparse.Namespace) -> int:
     out.write_text(json.dumps(res, indent=1) + "\n")
     for m, v in res["models"].items():
         errs = ", ".join(f"{r['error']:+.1%}" for r in v["held_out"])
-        print(f"{m}: held-out errors {errs} "
-              f"(max {v['max_held_out_error']:.1%}; fit max {v['max_fit_error']:.1%}): "
-              f"{'within' if v['within'] else 'NOT within'} ±{res['tolerance']:.0%}")
+        print(f"{m}: held-out errors {errs} (max {v['max_held_out_error']:.1%}, mean "
+              f"{v['mean_held_out_error']:.1%}; fit max {v['max_fit_error']:.1%}): "
+              f"{'within' if v['within'] else 'NOT within'} ±{res['tolerance']:.0%}; the KV "
+              f"read at the weights' rate fits every point to {v['tied_kv_max_fit_error']:.1%}")
+        if v["outside"]:
+            errs = ", ".join(f"{r['error']:+.1%}" for r in v["outside"])
+            print(f"  outside the form (one-token MoE path, not fitted): errors {errs}")
     print(f"machine {res['machine'].get('cpu')}; load {res['load_before']} → "
           f"{res['load_after']} (figures under load are provisional); saved {out}")
     return 0
