@@ -19,6 +19,12 @@ load generator does not share the server's interpreter):
    with sampled requests, with log-probabilities: /server_info's step_profile), wall vs the
    loop thread's CPU per step (CPU well below wall: the step waited for a core or the GIL).
 
+The arrangement (issue 40): the server in its own process, unpinned; this process runs the 40
+normal clients (``--normal 40``) and the 24 hostile threads of every kind (``--every 2``) of
+tests/serve/hostile_load.py, unpinned too, on the same cores, each hostile HTTP request on a
+fresh connection from a client its thread made once (what the server receives is what
+``httpx.post`` sends, without a TLS context built per request on the generator's side).
+
 ``--each`` repeats step 2 once per hostile kind alone (which kinds cost the normal requests).
 Not a test: it prints numbers. The machine's load is printed (load averages and the other
 processes' CPU share); figures measured while other processes use the CPUs are provisional.
