@@ -30,18 +30,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.bench.workloads import is_chat_messages, read_jsonl_records
 from workbench.errors import ConfigError
 
 
-def chat_messages_of(obj: Any, where: str) -> list[dict[str, str]]:
-    """One input line → chat messages (errors name the file, the line and the field)."""
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where}: expected a JSON object")
+def chat_messages_of(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """One record of ``read_jsonl_records`` → chat messages (errors start with ``where``: the
+    file and the line)."""
     if "messages" in obj:
         msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str) for m in msgs):
+        if not is_chat_messages(msgs):
             raise ConfigError(f"{where}: 'messages' must be a non-empty list of objects with "
                               "string 'role' and 'content'")
         return [{"role": m["role"], "content": m["content"]} for m in msgs]
@@ -70,8 +68,7 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
     (``workbench.models.loader.load_tokenizer``: a folder's tokenizer files or a GGUF's own).
     Errors name the field: a missing file, a malformed line, a model without a chat template."""
     p = Path(src)
-    if not p.is_file():
-        raise ConfigError(f"--src: no file at {p}")
+    records = read_jsonl_records(p, required=(), what="--src")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit: must be >= 1, got {limit}")
     if tokenizer is None:
@@ -82,22 +79,13 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
         raise ConfigError(f"--model {model}: its tokenizer has no chat template (a chat model "
                           "is needed to render chat prompts)")
     items = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"--src {p}:{i}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+    for i, where, obj in records:
         msgs = chat_messages_of(obj, where)
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         if not isinstance(text, str) or not text:
             raise ConfigError(f"{where}: the chat template rendered no text")
         items.append({"prompt": text, "category": str(obj.get("category", obj.get("kind", ""))),
                       "id": str(obj.get("id", f"{p.name}:{i}"))})
-    if not items:
-        raise ConfigError(f"--src: {p} holds no prompts (empty prompts file)")
     rows = interleave(items)[:limit]
     dst = Path(out)
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -17,18 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from workbench.bench.workloads import read_jsonl_records
 from workbench.errors import ConfigError
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """Prompt records of a ``real_prompts`` file; a line without id, kind or prompt is refused
-    naming the line."""
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    for i, r in enumerate(rows):
-        for f in ("id", "kind", "prompt"):
-            if f not in r:
-                raise ConfigError(f"{path}: line {i + 1} has no field {f!r}")
-    return rows
+    """Prompt records of a ``real_prompts`` file (``read_jsonl_records``: id, kind and a text
+    prompt on every line); a bad line is refused naming the file and the line."""
+    return [r.data for r in read_jsonl_records(path, ("id", "kind", "prompt"))]
 
 
 def _interleave(rows: list[dict]) -> list[dict]:

@@ -19,13 +19,13 @@ chat template, so the engine sees what a chat client would send.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.bench.real_model import chat_messages_of
+from workbench.bench.workloads import read_jsonl_records
 from workbench.errors import ConfigError
 from workbench.train.demo_models import REPO_ROOT, demo_models
 
@@ -60,25 +60,15 @@ def real_missing() -> str | None:
 
 
 def read_chat_prompts(path: Path | None = None) -> list[tuple[str, list[dict[str, str]]]]:
-    """``(category, messages)`` per line of a chat prompts file (default ``REAL_PROMPTS``);
-    errors name the line and the field."""
-    path = REAL_PROMPTS if path is None else path
+    """``(category, messages)`` per line of a chat prompts file (default ``REAL_PROMPTS``, read
+    by ``read_jsonl_records``); errors name the line and the field."""
     out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{i}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not JSON ({e.msg})") from None
+    for _, where, d in read_jsonl_records(REAL_PROMPTS if path is None else path, required=()):
         msgs = chat_messages_of(d, where)  # the bench's reading of a line: one rule
         kind = d.get("kind")
         if not isinstance(kind, str) or not kind:
             raise ConfigError(f"{where}: field 'kind' (the category) missing or not a string")
         out.append((kind, msgs))
-    if not out:
-        raise ConfigError(f"{path}: no prompts")
     return out
 
 
