@@ -246,3 +246,31 @@ def test_peers_load_transformers_in_the_engines_dtype(micro_target: Path) -> Non
     assert machine["dtype"] == "bfloat16"
     assert set(summary["arm"]) == {"hf generate", "hf prompt lookup", "workbench"}
     assert (df["tokens"] == 6).all()
+
+
+def test_peers_paired_ratio_is_the_geometric_mean_of_each_prompts_ratio(
+        micro_target: Path) -> None:
+    """``vs_hf_paired``: per (repeat, prompt) the arm's tok/s over hf generate's on the same
+    prompt, geometric mean with a log-scale interval over prompts × repeats, recomputed here
+    from the per-prompt rows."""
+    import math
+
+    import workbench as wb
+    from workbench.bench.peers import run_peers
+
+    engine = wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(
+        compile="off", gemm="dense"))
+    try:
+        df, summary, _ = run_peers(engine, ["def f(x):\n", "class A:\n"], max_new_tokens=5,
+                                   compiled=False, repeats=2)
+    finally:
+        engine.close()
+    s = summary.set_index("arm")
+    hf = df[df.arm == "hf generate"].set_index(["repeat", "prompt"]).tok_s
+    ours = df[df.arm == "workbench"].set_index(["repeat", "prompt"]).tok_s
+    logs = [math.log(v) for v in ours / hf]
+    assert s.loc["workbench", "pairs"] == 4
+    assert s.loc["workbench", "vs_hf_paired"] == pytest.approx(math.exp(sum(logs) / 4))
+    assert s.loc["workbench", "vs_hf_paired_lo"] < s.loc["workbench", "vs_hf_paired"] \
+        < s.loc["workbench", "vs_hf_paired_hi"]
+    assert s.loc["hf generate", "vs_hf_paired"] == pytest.approx(1.0)

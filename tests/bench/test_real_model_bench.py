@@ -142,7 +142,8 @@ def test_report_reads_the_results_back_with_machine_load_and_command(tmp_path: P
         "machine": machine, "load": load, "flags": [{"code": "loaded"}], "summary": [
             {"arm": "hf generate", "tok_s": 4.0, "vs_hf_generate": 1.0, "same_as_hf": True},
             {"arm": "workbench", "tok_s": 9.0, "tok_s_lo": 8.0, "tok_s_hi": 10.0,
-             "vs_hf_generate": 2.25, "same_as_hf": True}]}))
+             "vs_hf_generate": 2.25, "vs_hf_paired": 2.2, "vs_hf_paired_lo": 2.1,
+             "vs_hf_paired_hi": 2.3, "pairs": 14, "same_as_hf": True}]}))
     (tmp_path / "spec_bs1.json").write_text(json.dumps({
         "machine": machine, "load": load, "flags": [], "summary": [
             {"arm": "baseline", "tau": 1.0, "tok_s": 9.0, "speedup": 1.0, "ceiling": None,
@@ -154,7 +155,8 @@ def test_report_reads_the_results_back_with_machine_load_and_command(tmp_path: P
         "benchmarks": {"peers": {"command": "python -m workbench bench peers --quick",
                                  "commit": "abc1234", "torch_threads": 1}}}))
     text = report(tmp_path)
-    assert "| workbench | 9.00 (8.00–10.00) | 2.25× | yes |" in text
+    assert "| workbench | 9.00 (8.00–10.00) | 2.25× | 2.20× (2.10–2.30), n = 14 | yes |" in text
+    assert "| hf generate | 4.00 | 1.00× | — | yes |" in text  # a result without the pairs
     assert "| tree S5 K4 N16 | 3.00 | 18.00 | 2.00× | 1.30 + 0.20 | 2.00× | 0.95 | 5 % |" in text
     assert "| baseline | 1.00 | 9.00 | 1.00× | — | — |" in text
     assert "load 3.5 before, 4.0 after; flags: loaded; commit abc1234; " \

@@ -17,12 +17,16 @@ llama.cpp on the same GGUF (``--peer llamacpp``) runs in a process of its own:
 ``startup_s`` is each arm's warm-up (its first call; for the compiled peer one call per prompt,
 since it recompiles for every new prompt length), which for the compiled peer includes the
 compiles; ``compile_s`` is that minus the arm's steady time for the same calls (start-up
-matters to a notebook user). With ``repeats`` > 1 the summary has 95 % confidence intervals of
-tok/s and of the ratio to ``hf generate`` over the repeats.
+matters to a notebook user). ``vs_hf_paired`` (with ``_lo`` / ``_hi``) is the geometric mean of
+the per-prompt ratios to ``hf generate`` (each prompt's arms run back to back, so a pair shares
+the machine's state) with its 95 % interval over the ``pairs`` = prompts × repeats; with
+``repeats`` > 1 the summary also has 95 % intervals of tok/s and of the ratio of totals
+(``vs_hf_generate``) over the repeats, which two repeats cannot narrow.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +130,15 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
     warm_sum, warm_mean = per_prompt.sum(), per_prompt.mean()
     g["compile_s"] = [max(0.0, startup[a] - (warm_sum if a == COMPILED else warm_mean)[a])
                       for a in g.index]
+    # the paired statistic: each (repeat, prompt)'s arm over hf generate on that same prompt,
+    # run back to back; geometric mean and a Student-t interval on the logs (n = prompts ×
+    # repeats), which resolves a ratio where two repeats' totals cannot
+    paired = df.pivot_table(index=["repeat", "prompt"], columns="arm", values="tok_s")
+    for arm in g.index:
+        m, lo, hi = mean_ci([math.log(v) for v in paired[arm] / paired["hf generate"]])
+        g.loc[arm, ["vs_hf_paired", "vs_hf_paired_lo", "vs_hf_paired_hi"]] = [
+            math.exp(m), math.exp(lo), math.exp(hi)]
+        g.loc[arm, "pairs"] = len(paired)
     if repeats > 1:
         per = df.groupby(["arm", "repeat"], sort=False)[["tokens", "seconds"]].sum()
         per["tok_s"] = per["tokens"] / per["seconds"]

@@ -140,10 +140,13 @@ def report(folder: str | Path) -> str:
         doc = json.loads(peers.read_text())
         lines += ["bs=1, greedy, arms interleaved per prompt (`bench peers`): "
                   + _stamp(doc, runs.get("peers")), "",
-                  "| arm | tok/s | vs HF `generate` | same tokens as HF |", "|---|---|---|---|"]
+                  "| arm | tok/s | vs HF `generate` (totals) | per prompt vs HF `generate` "
+                  "(geometric mean, 95 %) | same tokens as HF |", "|---|---|---|---|---|"]
         for r in doc["summary"]:
+            paired = "—" if r.get("vs_hf_paired") is None else \
+                f"{_ci(r, 'vs_hf_paired', unit='×')}, n = {int(r.get('pairs') or 0)}"
             lines.append(f"| {r['arm']} | {_ci(r, 'tok_s')} | "
-                         f"{_ci(r, 'vs_hf_generate', unit='×')} | "
+                         f"{_ci(r, 'vs_hf_generate', unit='×')} | {paired} | "
                          f"{'yes' if r.get('same_as_hf') else 'no'} |")
         lines.append("")
     else:
