@@ -159,7 +159,7 @@ def test_report_reads_the_results_back_with_machine_load_and_command(tmp_path: P
     assert "| hf generate | 4.00 | 1.00× | — | yes |" in text  # a result without the pairs
     assert "| tree S5 K4 N16 | 3.00 | 18.00 | 2.00× | 1.30 + 0.20 | 2.00× | 0.95 | 5 % |" in text
     assert "| baseline | 1.00 | 9.00 | 1.00× | — | — |" in text
-    assert "load 3.5 before, 4.0 after; flags: loaded; commit abc1234; " \
+    assert "load 3.5 before, 4.0 after; flags: loaded; commit `abc1234`; " \
            "`python -m workbench bench peers --quick`" in text
     assert f"no `bench concurrency --policy` result in {tmp_path}" in text
     rows = [{"arm": arm, "concurrency": c, "repeat": r, "tok_s": t * (1 + r / 10),

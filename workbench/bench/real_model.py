@@ -122,7 +122,7 @@ def _stamp(doc: dict[str, Any], run: dict[str, Any] | None) -> str:
     return (f"{m.get('cpu', '?')} (`{m.get('kind', '?')}`), {m.get('cores', '?')} cores, "
             f"torch threads {run.get('torch_threads', '?')}; load {before[0]} before, "
             f"{after[0]} after; flags: {', '.join(flags) or 'none'}; commit "
-            f"{run.get('commit', m.get('commit', '?'))}; `{run.get('command', '?')}`")
+            f"`{run.get('commit', m.get('commit', '?'))}`; `{run.get('command', '?')}`")
 
 
 def report(folder: str | Path) -> str:
