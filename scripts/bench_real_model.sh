@@ -53,11 +53,16 @@ LOG="$OUT/bench_real_model.jsonl"
 WORK="$OUT/prompts"
 mkdir -p "$WORK"
 
-# the chat-templated prompts every bench reads (--prompts-file)
-$PY -m workbench.bench.real_model --model "$MODEL" --src "$SRC" --out "$WORK/bs1.jsonl" \
-    --limit "$PROMPTS"
-$PY -m workbench.bench.real_model --model "$MODEL" --src "$SRC" --out "$WORK/sweep.jsonl" \
-    --limit "$SWEEP_PROMPTS"
+# the chat-templated prompts the benches read (--prompts-file), each file rendered only when a
+# step of ONLY reads it (a result already in $OUT keeps the prompts it ran on)
+case " $ONLY " in *" spec "*|*" peers "*)
+  $PY -m workbench.bench.real_model --model "$MODEL" --src "$SRC" --out "$WORK/bs1.jsonl" \
+      --limit "$PROMPTS" ;;
+esac
+case " $ONLY " in *" policies "*|*" concurrency "*|*" threshold "*|*" k0 "*|*" load "*|*" shapes "*)
+  $PY -m workbench.bench.real_model --model "$MODEL" --src "$SRC" --out "$WORK/sweep.jsonl" \
+      --limit "$SWEEP_PROMPTS" ;;
+esac
 
 step() {  # step NAME ARGS...: run `python -m workbench bench ARGS...` niced, log it
     local name=$1; shift
