@@ -37,6 +37,10 @@ class EngineConfig:
     # target GEMMs: "auto" = dense F.linear or oneDNN-packed weights, whichever is faster on
     # this machine, timed at init on the model's weights and cached (engine/autotune.py)
     gemm: Literal["auto", "onednn", "dense"] = "auto"
+    # oneDNN row floor: a target GEMM of fewer rows runs padded to this many (models/gemm.py
+    # row_bucket; padded rows never change the real rows). 0 = auto: the fastest row count of
+    # 1..8 on this machine and model, timed at init and cached; n >= 1: forced
+    row_floor: int = 0
     # Inductor-compiled bs=1 decode forward (engine/compiled.py): "on" compiles at init and
     # measures it against eager, "auto" compiles only where that measurement found it faster
     # on this machine kind and model (cached verdict), "off" never
@@ -77,6 +81,9 @@ class EngineConfig:
                               "in auto/torch/triton/flashinfer")
         if self.gemm not in ("auto", "onednn", "dense"):
             raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
+        if not _is_int(self.row_floor) or not 0 <= self.row_floor <= 16:
+            raise ConfigError(f"EngineConfig.row_floor: must be an integer in 0..16 (0 = auto), "
+                              f"got {self.row_floor!r}")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"EngineConfig.compile: {self.compile!r} not in auto/on/off")
         if self.contention not in ("adapt", "off"):

@@ -57,9 +57,12 @@ def test_measured_then_cached(cache: Path, micro_target: Path) -> None:
 
 @pytest.mark.parametrize("gemm", ["dense", "onednn"])
 def test_forced_choice_is_not_measured(cache: Path, micro_target: Path, gemm: str) -> None:
-    with wb.Engine(micro_target, config=wb.EngineConfig(gemm=gemm)) as e:
+    with wb.Engine(micro_target, config=wb.EngineConfig(gemm=gemm, row_floor=1)) as e:
         assert e.choices["gemm"] == {**e.choices["gemm"], "choice": gemm, "source": "forced"}
         assert e.runner.target.gemm == gemm
+        # the row floor: forced on oneDNN weights, none (only 1) on dense ones
+        assert e.choices["rows"]["source"] == ("forced" if gemm == "onednn" else "only")
+        assert e.runner.target.row_floor == 1
     assert not cache.exists()  # nothing measured, nothing cached
 
 

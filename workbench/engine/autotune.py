@@ -50,7 +50,7 @@ import torch
 
 from workbench.engine import affinity, contention
 from workbench.machine import cpu_flags, cpu_model
-from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
+from workbench.models.gemm import FLOORS, gemm_ops, onednn_ok, prepare_weight
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -350,6 +350,76 @@ def decide_gemm(runner: ModelRunner, cached: Mapping[str, Any] | None,
                   time.perf_counter() - t0, provisional=provisional, conditions=cond)
 
 
+def time_row_counts(target: Any, counts: tuple[int, ...], budget_s: float
+                    ) -> dict[str, float]:
+    """Least ms of one pass over all the target's GEMMs as it runs them (its prepared weights,
+    its GEMM path, no floor) at each row count of ``counts``, the counts taking turns."""
+    weights = _gemm_weights(target)
+    prepared = [(k, prepare_weight(w.detach(), target.gemm), b) for k, w, b in weights]
+    lin, lin_add = gemm_ops(target.gemm)
+    gen = torch.Generator().manual_seed(0)
+    dt = weights[0][1].dtype
+    passes: dict[str, Callable[[], None]] = {}
+    for m in counts:
+        xs: dict[int, torch.Tensor] = {}
+        for _, w, _ in weights:
+            xs.setdefault(w.shape[1], torch.randn(m, w.shape[1], generator=gen).to(dt))
+        res = {n: torch.randn(m, n, generator=gen).to(dt) for n in {w.shape[0] for _, w, _ in
+                                                                     weights}}
+
+        def one_pass(xs: dict[int, torch.Tensor] = xs, res: dict[int, torch.Tensor] = res
+                     ) -> None:
+            for (kind, w, b), (_, dw, _) in zip(prepared, weights, strict=True):
+                if kind == "add":
+                    lin_add(xs[dw.shape[1]], w, res[dw.shape[0]])
+                else:
+                    lin(xs[dw.shape[1]], w, b)
+
+        passes[f"M={m}"] = one_pass
+    with torch.inference_mode():
+        return interleaved_min_ms(passes, budget_s)
+
+
+def pick_floor(timings: Mapping[str, float], margin: float = MARGIN) -> int:
+    """The row floor: the row count whose pass is fastest, if it beats one row by more than
+    ``margin`` (else 1). Every count below it is then padded to it — measured no slower than
+    each of them, since it is the least of all."""
+    counts = {int(k.split("=")[1]): v for k, v in timings.items()}
+    best = min(counts, key=lambda m: (counts[m], m))
+    return best if counts[best] < counts[1] * (1 - margin) else 1
+
+
+def decide_rows(runner: ModelRunner, cached: Mapping[str, Any] | None,
+                budget_s: float = BUDGET_S / 2) -> Choice:
+    """The target's oneDNN row floor (``EngineConfig.row_floor``): forced, ``1`` where the
+    target runs dense GEMMs (no floor), cached, or measured (:func:`time_row_counts` over
+    rows 1..8, :func:`pick_floor`). Applied to the target (``row_floor``)."""
+    target = runner.target
+    assert target is not None  # the autotune stage runs after load_target
+    want = runner.config.row_floor
+    cands = tuple(str(m) for m in FLOORS)
+    if getattr(target, "gemm", "dense") != "onednn":
+        choice = Choice("rows", "1", "only", ("1",),
+                        note=f"{getattr(target, 'gemm', 'dense')} GEMMs: no row floor")
+    elif want:
+        choice = Choice("rows", str(want), "forced", (str(want),))
+    elif (c := final((cached or {}).get("rows"))) is not None and c.get("choice") in cands:
+        choice = Choice("rows", c["choice"], "cached", tuple(c.get("candidates", ())),
+                        c.get("timings_ms", {}), c.get("seconds", 0.0),
+                        note=c.get("note", ""), conditions=c.get("conditions", {}))
+    else:
+        t0 = time.perf_counter()
+        a = contention.cpu_sample()
+        timings = time_row_counts(target, FLOORS, budget_s)
+        provisional, cond = measured_conditions(a, contention.cpu_sample())
+        choice = Choice("rows", str(pick_floor(timings)), "measured", cands,
+                        {"onednn": timings}, time.perf_counter() - t0,
+                        note="GEMMs of fewer rows run padded to this many",
+                        provisional=provisional, conditions=cond)
+    target.row_floor = int(choice.choice)
+    return choice
+
+
 def decide_threads(runner: ModelRunner) -> Choice:
     """The thread count: forced (``EngineConfig.threads``), off the CPU or with
     ``contention='off'`` torch's default; on a quiet machine all cores (a short look at the
@@ -414,6 +484,7 @@ def autotune(engine: Engine) -> dict[str, Choice]:
     gemm = decide_gemm(engine.runner, cached)
     apply_gemm(engine.runner, gemm.choice)
     choices["gemm"] = gemm
+    choices["rows"] = decide_rows(engine.runner, cached)
     attn = engine.config.attention_backend
     dev = torch.device(engine.config.device).type
     if attn == "auto" and dev == "cpu":

@@ -128,10 +128,13 @@ class CompiledSteps:
     def close(self) -> None:
         _BACKENDS.pop(self.key, None)
         _PACKED.pop(self.key, None)
+        _FLOOR.pop(self.key, None)
 
 
 # key → the packed (oneDNN) weights and biases a compiled graph's GEMM ops read, by index
 _PACKED: dict[int, list[tuple[torch.Tensor, torch.Tensor | None, int]]] = {}
+# key → the target's oneDNN row floor (gemm.row_bucket), as its eager forward uses it
+_FLOOR: dict[int, int] = {}
 
 
 @torch.library.custom_op("workbench::packed_linear", mutates_args=())
@@ -139,7 +142,7 @@ def packed_linear(key: int, idx: int, x: torch.Tensor) -> torch.Tensor:
     """``onednn_linear`` on packed weight ``idx`` of engine ``key`` (opaque to Dynamo: packed
     tensors cannot be traced, so the graph keeps oneDNN's GEMM and fuses what is around it)."""
     w, b, _ = _PACKED[key][idx]
-    return onednn_linear(x, w, b).clone()
+    return onednn_linear(x, w, b, _FLOOR.get(key, 1)).clone()
 
 
 @packed_linear.register_fake
@@ -151,7 +154,7 @@ def _packed_linear_fake(key: int, idx: int, x: torch.Tensor) -> torch.Tensor:
 def packed_linear_add(key: int, idx: int, x: torch.Tensor, res: torch.Tensor) -> torch.Tensor:
     """``res + x·wᵀ`` with oneDNN's fused post-op add, on packed weight ``idx``."""
     w, _, _ = _PACKED[key][idx]
-    return onednn_linear_add(x, w, res).clone()
+    return onednn_linear_add(x, w, res, _FLOOR.get(key, 1)).clone()
 
 
 @packed_linear_add.register_fake
@@ -178,6 +181,7 @@ def _packed_layers(target: Any, key: int) -> tuple[list[Any], tuple[Any, Any]]:
             gate_up=put(f.gate_up, f.gate_up_bias, mlp.fused[0].shape[0]),
             down=put(f.down, f.down_bias, mlp.down_proj.weight.shape[0])))
     _PACKED[key] = table
+    _FLOOR[key] = getattr(target, "row_floor", 1)
 
     def lin(x: torch.Tensor, w: Any, b: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.workbench.packed_linear(key, w, x)  # b: read from the table

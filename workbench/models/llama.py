@@ -229,6 +229,8 @@ class LlamaForCausalLM(nn.Module):
         self._fast: list[FastLayer] | None = None  # set by fuse()
         self._head: torch.Tensor | None = None  # lm_head weight as gemm_ops reads it
         self.gemm = "dense"
+        # oneDNN row floor (gemm.row_bucket): set by the engine's autotune stage, measured
+        self.row_floor = 1
 
     def fuse(self, gemm: str = "auto") -> None:
         """Build the inference weights (see :class:`FastLayer`); call again after changing the
@@ -281,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
         compiled step (``workbench.engine.compiled``) traces — with ``fast``/``gemm`` set to
         dense views (:meth:`dense_layers`), or with ``ops`` (linear, linear_add) calling
         opaque custom ops on the packed weights, since those cannot be traced."""
-        lin, lin_add = ops if ops is not None else gemm_ops(gemm or self.gemm)
+        lin, lin_add = ops if ops is not None else gemm_ops(gemm or self.gemm, self.row_floor)
         m, eps = self.model, self.config.rms_norm_eps
         d = (x.shape[-1],)
         taps: dict[int, torch.Tensor] = {}
@@ -319,7 +321,7 @@ class LlamaForCausalLM(nn.Module):
         """hidden: (T, D) → logits (T, V) in float32."""
         if self._head is None:
             return self.lm_head(hidden).float()
-        lin, _ = gemm_ops(self.gemm)
+        lin, _ = gemm_ops(self.gemm, self.row_floor)
         flat = lin(hidden.reshape(-1, hidden.shape[-1]), self._head, None)
         return flat.view(*hidden.shape[:-1], -1).float()
 

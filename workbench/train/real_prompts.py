@@ -12,6 +12,7 @@ prompt, so neither its passage nor its topic was seen in training.
 
     python -m workbench.train.real_prompts prompts   # data/prompts/real/{train,heldout}.jsonl
     python -m workbench.train.real_prompts distill --model M   # data/work/real-distill/
+    python -m workbench.train.real_prompts self-distill --model M --conversations N  # more
     python -m workbench.train.real_prompts pack   # data/work/real-distill/corpus.npz
 """
 
@@ -289,6 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--max-new-tokens", type=int, default=192)
     d.add_argument("--second-turn-tokens", type=int, default=128)
     d.add_argument("--batch", type=int, default=64)
+    s = sub.add_parser("self-distill", help="the target writes user prompts per category "
+                       "(Magpie) and answers them, into the same conversations.jsonl")
+    s.add_argument("--model", required=True)
+    s.add_argument("--prompts", default=str(OUT_DIR), help="folder of heldout.jsonl (kept apart)")
+    s.add_argument("--out", default="data/work/real-distill")
+    s.add_argument("--conversations", type=int, required=True, help="self-prompted total")
+    s.add_argument("--max-new-tokens", type=int, default=160)
+    s.add_argument("--prompt-tokens", type=int, default=128,
+                   help="most tokens of a sampled user turn (twice that with a passage)")
+    s.add_argument("--batch", type=int, default=32)
+    s.add_argument("--threads", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0)
     k = sub.add_parser("pack", help="conversations.jsonl -> corpus.npz for train-draft")
     k.add_argument("--out", default="data/work/real-distill")
     ns = ap.parse_args(argv)
@@ -299,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if ns.cmd == "prompts":
         print(json.dumps(write_prompts(Path(ns.out), ns.seed)))
+        return 0
+    if ns.cmd == "self-distill":
+        from workbench.train.self_prompts import self_distill
+
+        print(json.dumps(self_distill(ns.model, Path(ns.prompts), Path(ns.out),
+                                      ns.conversations, ns.max_new_tokens, ns.prompt_tokens,
+                                      ns.batch, ns.threads, ns.seed)))
         return 0
     from workbench.train.distill import distill
 

@@ -1,0 +1,123 @@
+"""Self-written prompts (``workbench.train.self_prompts``): what is kept, what is built from a
+kept prompt, the held-out sources kept apart, and a whole resumable run on the toy target."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from workbench.errors import ConfigError
+from workbench.train.distill import read_prompts
+from workbench.train.self_prompts import (QUESTIONS, STEERS, banned_sources, derive, keep,
+                                          self_distill)
+
+REPO = Path(__file__).resolve().parents[2]
+HELDOUT = REPO / "data" / "prompts" / "real" / "heldout.jsonl"
+TOY = REPO / "data" / "models" / "wb-target"
+
+
+def _banned(tmp_path: Path, *sources: str):
+    f = tmp_path / "heldout.jsonl"
+    f.write_text("".join(json.dumps({"id": f"h{i}", "kind": "qa", "prompt": "p", "source": s})
+                         + "\n" for i, s in enumerate(sources)))
+    return banned_sources(f)
+
+
+def test_a_kept_prompt_is_the_steer_and_the_targets_whole_turn(tmp_path: Path) -> None:
+    banned = _banned(tmp_path, "tea", "the French Revolution", "json.dumps", "math12")
+    seen: set[str] = set()
+    assert keep("qa", "What is", " the capital of Peru?", True, banned, seen) == \
+        "What is the capital of Peru?"
+    # cut by the token limit, too short, a duplicate (any case): not kept
+    assert keep("qa", "What is", " a long question that never", False, banned, seen) is None
+    assert keep("qa", "What is", " it?", True, banned, seen) is None
+    assert keep("qa", "What IS", " THE capital of Peru?", True, banned, seen) is None
+    # a passage kind needs a passage
+    steer = STEERS["summarization"][0]
+    assert keep("summarization", steer, "Short text.", True, banned, seen) is None
+    assert keep("summarization", steer, "A passage. " * 30, True, banned, seen).startswith(steer)
+
+
+def test_held_out_sources_are_refused_as_whole_words_only(tmp_path: Path) -> None:
+    banned = _banned(tmp_path, "tea", "the French Revolution", "json.dumps", "math12")
+    seen: set[str] = set()
+    for body in (" the French Revolution about?", " green TEA good for you?",
+                 " json.dumps used for in Python?"):
+        assert keep("qa", "What is", body, True, banned, seen) is None, body
+    # a word that merely contains a source, and a generated math source, are not refused
+    assert keep("qa", "Why do", " teachers give homework?", True, banned, seen)
+    assert keep("qa", "What is", " math12 plus one?", True, banned, seen)
+
+
+def test_the_shipped_held_out_set_bans_its_own_sources() -> None:
+    banned = banned_sources(HELDOUT)
+    rows = read_prompts(HELDOUT)
+    topics = [r["source"] for r in rows if r["kind"] in ("qa", "chat")]
+    assert topics and all(banned.search(f"Tell me about {t}.") for t in topics)
+    assert not banned.search("Tell me about nothing in particular.")
+
+
+def test_an_empty_or_sourceless_held_out_file_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "heldout.jsonl"
+    f.write_text(json.dumps({"id": "m", "kind": "math", "prompt": "p", "source": "math3"}) + "\n")
+    with pytest.raises(ConfigError, match="no held-out sources"):
+        banned_sources(f)
+    f.write_text("")
+    with pytest.raises(ConfigError, match="heldout.jsonl"):
+        banned_sources(f)
+
+
+def test_translation_and_retrieval_prompts_are_built_from_kept_ones() -> None:
+    rng = random.Random(0)
+    kind, p = derive("chat", "Can you help me plan a trip?", "Can you help me", rng)
+    assert kind == "translation" and p.endswith("\n\nCan you help me plan a trip?")
+    assert p.startswith("Translate the following sentence into ")
+    steer = STEERS["summarization"][0]
+    kind, p = derive("summarization", steer.strip() + "\n\nThe passage text.", steer, rng)
+    assert kind == "retrieval" and "Passage:\nThe passage text.\n\nQuestion: " in p
+    assert any(p.endswith(q) for q in QUESTIONS)
+    assert derive("code", "Write a Python function that adds.", "Write", rng) is None
+    assert derive("qa", "Two\nlines?", "", rng) is None  # not one sentence to translate
+    assert derive("qa", "x" * 300, "", rng) is None
+
+
+def test_a_run_appends_conversations_and_resumes_where_it_stopped(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    out = tmp_path / "out"
+    r = self_distill(str(TOY), prompts, out, conversations=5, max_new_tokens=6,
+                     prompt_tokens=24, batch=8, threads=1)
+    assert r["conversations"] == 5 and r["new"] == 5 and 0 < r["kept_share"] <= 1
+    recs = read_prompts(out / "self_prompts.jsonl")
+    convs = [json.loads(x) for x in (out / "conversations.jsonl").read_text().splitlines()]
+    assert [c["id"] for c in convs] == [x["id"] for x in recs]
+    banned = banned_sources(prompts / "heldout.jsonl")
+    for rec, c in zip(recs, convs, strict=True):
+        assert rec["source"] == "self" and not banned.search(rec["prompt"])
+        assert len(c["ids"]) == len(c["mask"]) and 1 <= sum(c["mask"]) <= 6
+        assert c["mask"] == sorted(c["mask"])  # the answer is the tail
+        assert c["messages"][0] == {"role": "user", "content": rec["prompt"]}
+    assert len({x["prompt"].lower() for x in recs}) == len(recs)
+    # a rerun to the same total adds nothing; a larger total continues with new batches
+    assert self_distill(str(TOY), prompts, out, 5, 6, 24, 8, 1)["new"] == 0
+    r = self_distill(str(TOY), prompts, out, 9, 6, 24, 8, 1)
+    assert r["conversations"] == 9 and r["new"] == 4
+    recs2 = read_prompts(out / "self_prompts.jsonl")
+    assert [x["id"] for x in recs2[:5]] == [x["id"] for x in recs]
+    assert len({x["id"] for x in recs2}) == 9
+
+
+def test_a_target_that_never_closes_its_turn_is_refused_loudly(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    # one token per turn: never a closed turn with a body
+    with pytest.raises(ConfigError, match="kept no prompt"):
+        self_distill(str(TOY), prompts, tmp_path / "out", 3, 4, 1, 4, 1)
+    with pytest.raises(ConfigError, match="conversations"):
+        self_distill(str(TOY), prompts, tmp_path / "out", 0, 4, 8, 4, 1)
