@@ -112,6 +112,26 @@ def test_a_run_appends_conversations_and_resumes_where_it_stopped(tmp_path: Path
     assert len({x["id"] for x in recs2}) == 9
 
 
+def test_a_run_stopped_between_its_two_appends_answers_nothing_twice(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    out = tmp_path / "out"
+    self_distill(str(TOY), prompts, out, 5, 6, 24, 8, 1)
+    # as if stopped after answering the last batch, before its records and state were written
+    state = json.loads((out / "self_state.json").read_text())
+    last = state["batches"] - 1
+    recs = (out / "self_prompts.jsonl").read_text().splitlines()
+    kept = [x for x in recs if f":0:{last}:" not in json.loads(x)["id"]]
+    assert len(kept) < len(recs)
+    (out / "self_prompts.jsonl").write_text("".join(x + "\n" for x in kept))
+    (out / "self_state.json").write_text(json.dumps({"batches": last}))
+    self_distill(str(TOY), prompts, out, 5, 6, 24, 8, 1)
+    ids = [json.loads(x)["id"] for x in (out / "conversations.jsonl").read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 5
+    assert [x["id"] for x in read_prompts(out / "self_prompts.jsonl")] == ids
+
+
 def test_a_target_that_never_closes_its_turn_is_refused_loudly(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts"
     prompts.mkdir()

@@ -118,7 +118,11 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     state = json.loads(state_f.read_text()) if state_f.is_file() else {"batches": 0}
     seen = set()
     have = 0
-    if recs.is_file():
+    # a run stopped between its two appends has answered prompts its records lack: the rerun
+    # regenerates that batch (same seeds, same ids) and answers only the ids not yet answered
+    answered = ({json.loads(x)["id"] for x in conv.read_text().splitlines() if x}
+                if conv.is_file() else set())
+    if recs.is_file() and recs.read_text().strip():  # (an emptied file: nothing kept yet)
         for r in read_prompts(recs):
             seen.add(r["prompt"].lower())
             have += 1
@@ -167,19 +171,22 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
                     rows.append({"id": f"self:{d[0]}:{seed}:{b}:{i}", "kind": d[0],
                                  "prompt": d[1], "source": "self"})
             rows = rows[: conversations - have]
-            if rows:
-                msgs = [[{"role": "user", "content": r["prompt"]}] for r in rows]
+            ask = [r for r in rows if r["id"] not in answered]
+            if ask:
+                msgs = [[{"role": "user", "content": r["prompt"]}] for r in ask]
                 prompt_ids = [ct.ids(m) for m in msgs]
                 answers = engine.generate(prompt_ids,
                                           wb.SamplingParams(max_new_tokens=max_new_tokens))
                 with open(conv, "a") as f:
-                    for r, m, p, a in zip(rows, msgs, prompt_ids, answers, strict=True):
+                    for r, m, p, a in zip(ask, msgs, prompt_ids, answers, strict=True):
                         a = list(a.token_ids)
                         m = m + [{"role": "assistant", "content": ct.decode(a)}]
                         f.write(json.dumps({"id": r["id"], "kind": r["kind"], "ids": p + a,
                                             "mask": [0] * len(p) + [1] * len(a),
                                             "messages": m}, ensure_ascii=False) + "\n")
                         tokens += len(p) + len(a)
+                answered.update(r["id"] for r in ask)
+            if rows:
                 with open(recs, "a") as f:
                     f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             kept += len(rows)
