@@ -104,7 +104,8 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     """Append ``conversations`` self-prompted conversations (categories in turn) to
     ``out/conversations.jsonl`` and their prompt records to ``out/self_prompts.jsonl``;
     resumable (a rerun continues from the batches ``out/self_state.json`` records). Returns
-    counts, the share of sampled turns kept, and seconds."""
+    counts (``new`` includes the prompts built from kept ones), the share of sampled turns
+    kept, and seconds."""
     from tqdm.auto import tqdm
 
     import workbench as wb
@@ -140,7 +141,7 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
         max_batch_size=batch, kv_budget_tokens=batch * 1024, max_prefill_tokens=4096,
         threads=threads))
     t0 = time.perf_counter()
-    sampled = kept = tokens = barren = 0
+    sampled = kept = kept_turns = tokens = barren = 0
     bar = tqdm(total=conversations, initial=min(have, conversations), desc="self-distill",
                unit="conv")
     try:
@@ -190,6 +191,7 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
                 with open(recs, "a") as f:
                     f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             kept += len(rows)
+            kept_turns += sum(r["kind"] in STEERS for r in rows)
             barren = 0 if rows else barren + 1
             if barren == MAX_BARREN:
                 raise ConfigError(
@@ -204,5 +206,6 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
         bar.close()
         engine.close()
     return {"conversations": have, "new": kept, "sampled_turns": sampled,
-            "kept_share": round(kept / sampled, 3) if sampled else None, "tokens": tokens,
+            "kept_share": round(kept_turns / sampled, 3) if sampled else None,
+            "tokens": tokens,
             "seconds": round(time.perf_counter() - t0, 1)}
