@@ -274,3 +274,43 @@ def test_peers_paired_ratio_is_the_geometric_mean_of_each_prompts_ratio(
     assert s.loc["workbench", "vs_hf_paired_lo"] < s.loc["workbench", "vs_hf_paired"] \
         < s.loc["workbench", "vs_hf_paired_hi"]
     assert s.loc["hf generate", "vs_hf_paired"] == pytest.approx(1.0)
+
+
+def test_peers_run_a_second_engine_side_by_side(micro_target: Path, random_head: Path) -> None:
+    """``variant`` (the CLI's ``--engine-b``): the same engine arms on a second engine, in the
+    same turns, its outputs the same tokens (a row floor never changes them)."""
+    import workbench as wb
+    from workbench.bench.peers import run_peers
+
+    cfg = wb.EngineConfig(compile="off", gemm="onednn", row_floor=1)
+    engine = wb.Engine.from_pretrained(micro_target, draft=random_head, config=cfg)
+    variant = wb.Engine.from_pretrained(micro_target, draft=random_head,
+                                        config=wb.EngineConfig(compile="off", gemm="onednn",
+                                                               row_floor=6))
+    try:
+        df, summary, _ = run_peers(engine, ["def f(x):\n"], max_new_tokens=5, compiled=False,
+                                   spec=wb.SpecConfig(3, 2, 6), variant=variant)
+    finally:
+        engine.close()
+        variant.close()
+    arms = list(summary["arm"])
+    assert arms[-4:] == ["workbench", "workbench [B]", "workbench eagle3", "workbench eagle3 [B]"]
+    toks = df.set_index("arm")["tokens"]
+    assert (toks == 5).all()
+    assert bool(summary.set_index("arm").loc["workbench [B]", "same_as_hf"]) == \
+        bool(summary.set_index("arm").loc["workbench", "same_as_hf"])
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["bench", "spec", "--engine-b", "row_floor=1"], "only for `bench peers`"),
+    (["bench", "peers", "--engine-b", "row_floor=1", "--url", "http://127.0.0.1:9"],
+     "--url"),
+    (["bench", "peers", "--engine-b", "rowfloor=1"], "--engine-b: 'rowfloor=1'"),
+    (["bench", "peers", "--engine-b", "row_floor=x"], "--engine-b row_floor: expected an"),
+])
+def test_engine_b_is_refused_where_it_cannot_run(argv: list[str], match: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import __main__ as cli
+
+    assert cli.main(argv) != 0
+    assert match in capsys.readouterr().err

@@ -72,6 +72,10 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--engine", default="", metavar="KEY=VALUE,...",
                    help="EngineConfig overrides, e.g. gemm=dense,compile=off,threads=2 "
                         "(forced choices instead of the measured 'auto')")
+    b.add_argument("--engine-b", default="", metavar="KEY=VALUE,...",
+                   help="peers: a second engine, --engine plus these overrides, run as arms "
+                        "'workbench [B]' (and 'workbench eagle3 [B]') beside the first: one "
+                        "change measured side by side, e.g. row_floor=1")
     b.add_argument("--tau", type=float, default=5.0,
                    help="shapes: the accept length to simulate (random-weight pairs)")
     b.add_argument("--levels", default=None, metavar="C1,C2,...",
@@ -138,6 +142,15 @@ def run(ns: argparse.Namespace) -> int:
     if ns.which not in COMMANDS:
         raise ConfigError(f"bench: unknown benchmark {ns.which!r} (one of {sorted(COMMANDS)})")
     check_args(ns)  # --peer and its flags, before anything is loaded
+    if getattr(ns, "engine_b", ""):
+        if ns.which != "peers" or getattr(ns, "peer", "hf") != "hf" or getattr(ns, "url", None):
+            raise ConfigError("--engine-b: only for `bench peers` with the transformers peers "
+                              f"(in-process), not `bench {ns.which}`"
+                              + (f" --peer {ns.peer}" if getattr(ns, "peer", "hf") != "hf"
+                                 else "") + (" --url" if getattr(ns, "url", None) else ""))
+        from workbench.bench.cli_args import engine_overrides
+
+        engine_overrides(ns, "engine_b")  # its KEY=VALUE errors, before anything is loaded
     COMMAND["line"] = command_of(ns)
     if getattr(ns, "json", False):  # stdout carries only the JSON rows (bench_policies)
         import contextlib

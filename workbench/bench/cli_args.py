@@ -42,12 +42,13 @@ def prompts(ns: argparse.Namespace) -> list[str]:
     return out
 
 
-def engine_overrides(ns: argparse.Namespace) -> dict[str, Any]:
+def engine_overrides(ns: argparse.Namespace, attr: str = "engine") -> dict[str, Any]:
     """``--engine gemm=dense,threads=2`` → {"gemm": "dense", "threads": 2} (errors name the
-    flag and the field)."""
+    flag and the field); ``attr="engine_b"`` reads ``--engine-b``."""
     from workbench.config import EngineConfig
 
-    raw = str(getattr(ns, "engine", "") or "").strip()
+    flag = "--" + attr.replace("_", "-")
+    raw = str(getattr(ns, attr, "") or "").strip()
     out: dict[str, Any] = {}
     if not raw:
         return out
@@ -56,19 +57,19 @@ def engine_overrides(ns: argparse.Namespace) -> dict[str, Any]:
         key, eq, value = part.partition("=")
         key = key.strip()
         if not eq or key not in fields:
-            raise ConfigError(f"--engine: {part!r} is not KEY=VALUE with KEY an EngineConfig "
+            raise ConfigError(f"{flag}: {part!r} is not KEY=VALUE with KEY an EngineConfig "
                               f"field ({', '.join(sorted(fields))})")
         v: Any = value.strip()
         default = getattr(EngineConfig(), key)
         if isinstance(default, bool):
             if v.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise ConfigError(f"--engine {key}: expected true/false, got {value!r}")
+                raise ConfigError(f"{flag} {key}: expected true/false, got {value!r}")
             v = v.lower() in ("true", "1", "on")
         elif isinstance(default, int) or key in ("max_model_len",):
             try:
                 v = int(v)
             except ValueError:
-                raise ConfigError(f"--engine {key}: expected an integer, got {value!r}") from None
+                raise ConfigError(f"{flag} {key}: expected an integer, got {value!r}") from None
         out[key] = v
     return out
 
@@ -97,9 +98,9 @@ def model_exists(path: Path) -> bool:
 
 
 def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
-           kv_budget_tokens: int | None = None) -> Any:
+           kv_budget_tokens: int | None = None, variant: bool = False) -> Any:
     """The ``--model``/``--draft`` engine (baseline only when the draft is missing and
-    ``need_draft`` is False)."""
+    ``need_draft`` is False); ``variant``: with the ``--engine-b`` overrides on top."""
     import workbench as wb
 
     target = Path(ns.model)
@@ -114,6 +115,8 @@ def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
         print(f"note: no draft at {draft}; running the baseline only")
         draft = None
     cfg = engine_config(ns, max_batch_size=max(64, max_batch))
+    if variant:
+        cfg = dataclasses.replace(cfg, **engine_overrides(ns, "engine_b"))
     if kv_budget_tokens is not None:
         cfg = dataclasses.replace(cfg, kv_budget_tokens=kv_budget_tokens)
     return wb.Engine.from_pretrained(target, draft=draft, config=cfg)

@@ -93,17 +93,28 @@ def bench_peers(ns: argparse.Namespace) -> int:
     repeats = args.repeats(ns)
     prompts = args.prompts(ns)
     engine = args.engine(ns, need_draft=False)
+    variant = None
+    extra: dict[str, Any] = {}
     try:
+        if getattr(ns, "engine_b", ""):
+            variant = args.engine(ns, need_draft=False, variant=True)
+            print(f"[B]: --engine-b {ns.engine_b}")
+            print_choices(variant)
         spec = shape if engine.runner.draft is not None else None
         assistant = _assistant(ns, engine.model_path)
         print_choices(engine)
         with LoadSampler() as load:
             rows, summary, machine = run_peers(
                 engine, prompts, max_new_tokens=args.max_new(ns), spec=spec,
-                assistant=assistant, repeats=repeats, compiled=not getattr(ns, "quick", False))
+                assistant=assistant, repeats=repeats, compiled=not getattr(ns, "quick", False),
+                variant=variant)
         choices = run_choices(engine)
+        if variant is not None:
+            extra = {"engine_b": ns.engine_b, "engine_b_choices": run_choices(variant)}
     finally:
         engine.close()
+        if variant is not None:
+            variant.close()
     flags = sanity_flags(summary, load=load.as_dict())
     summary = mark(summary, flags)
     show("peers, bs=1, greedy (ratios vs hf generate; startup_s: first call incl. compile)",
@@ -116,8 +127,8 @@ def bench_peers(ns: argparse.Namespace) -> int:
         {"machine": machine, "spec": ns.spec if spec is not None else None,
          "summary": json_records(summary)},
         indent=2) + "\n")
-    stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices}, "peers",
-          summary)
+    stamp(out / "peers.json", flags, load.as_dict(), {"engine_choices": choices, **extra},
+          "peers", summary)
     print(f"\nresults: {out / 'peers.json'}")
     return finish(ns, True, flags)
 

@@ -6,7 +6,9 @@
 * ``hf static compiled``: transformers' fastest bs=1 mode — a static KV cache
   (``generation_config.cache_implementation = "static"``) and ``torch.compile(model.forward,
   mode="reduce-overhead", fullgraph=True)`` — the strongest peer, not the easiest;
-* ``workbench``: our baseline; ``workbench eagle3``: our EAGLE-3 (when a draft is loaded).
+* ``workbench``: our baseline; ``workbench eagle3``: our EAGLE-3 (when a draft is loaded);
+  ``workbench [B]`` / ``workbench eagle3 [B]``: the same on a second engine (``variant``, the
+  CLI's ``--engine-b``), so one engine setting's effect is measured side by side.
 
 Every transformers arm loads the weights in the engine's dtype (``--engine dtype=bfloat16``: both
 sides stream bf16 weights), so a ratio compares implementations, never precisions.
@@ -48,7 +50,8 @@ COMPILED = "hf static compiled"  # the peer that is warmed (and compiled) on eve
 def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
               assistant: str | Path | None = None,
               spec: SpecConfig | None = None, repeats: int = 1,
-              compiled: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+              compiled: bool = True, variant: Engine | None = None
+              ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Returns (per-prompt rows, summary with ratios vs ``hf generate``, machine info).
 
     ``compiled``: include the ``hf static compiled`` peer (its compile takes minutes on a
@@ -90,8 +93,13 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
     arms["workbench"] = lambda p: engine.generate([p], sp)[0].token_ids
     if asst is not None:
         arms["hf assisted"] = lambda p: hf_run(p, assistant_model=asst)
+    if variant is not None:
+        arms["workbench [B]"] = lambda p: variant.generate([p], sp)[0].token_ids
     if spec is not None and engine.runner.draft is not None:
         arms["workbench eagle3"] = lambda p: engine.generate([p], sp, spec=spec)[0].token_ids
+    if spec is not None and variant is not None and variant.runner.draft is not None:
+        arms["workbench eagle3 [B]"] = lambda p: variant.generate([p], sp,
+                                                                  spec=spec)[0].token_ids
     startup: dict[str, float] = {}
     for name, fn in arms.items():  # warm-up; the first call of a compiled arm compiles
         t0 = time.perf_counter()
