@@ -41,6 +41,10 @@ class EngineConfig:
     # row_bucket; padded rows never change the real rows). 0 = auto: the fastest row count of
     # 1..8 on this machine and model, timed at init and cached; n >= 1: forced
     row_floor: int = 0
+    # the EAGLE-3 draft's compute dtype: "same" (the engine's), "bfloat16" (bf16 copies of its
+    # weights; proposals only, so outputs never change), "auto": bfloat16 where the CPU has
+    # oneDNN bf16 kernels and a draft step measured faster with them at init (cached), else same
+    draft_dtype: Literal["auto", "same", "bfloat16"] = "auto"
     # Inductor-compiled bs=1 decode forward (engine/compiled.py): "on" compiles at init and
     # measures it against eager, "auto" compiles only where that measurement found it faster
     # on this machine kind and model (cached verdict), "off" never
@@ -84,6 +88,9 @@ class EngineConfig:
         if not _is_int(self.row_floor) or not 0 <= self.row_floor <= 16:
             raise ConfigError(f"EngineConfig.row_floor: must be an integer in 0..16 (0 = auto), "
                               f"got {self.row_floor!r}")
+        if self.draft_dtype not in ("auto", "same", "bfloat16"):
+            raise ConfigError(f"EngineConfig.draft_dtype: {self.draft_dtype!r} not in "
+                              "auto/same/bfloat16")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"EngineConfig.compile: {self.compile!r} not in auto/on/off")
         if self.contention not in ("adapt", "off"):

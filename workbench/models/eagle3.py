@@ -201,6 +201,10 @@ class Eagle3Draft(nn.Module):
         self.rotary = Rotary(cfg.as_model_config(), dev)
         self.embed: nn.Embedding | None = embed
         self.gemm = "dense"
+        # the dtype the engine path computes in (fuse(compute_dtype=...)): None = the
+        # parameters'; bfloat16 on a float32 engine runs the draft's GEMMs on bf16 copies —
+        # proposals only, the target's verify decides every token, so outputs never change
+        self.compute_dtype: torch.dtype | None = None
         self._fast: dict[str, Any] | None = None  # set by fuse()
         self._target_ids: tuple[Any, torch.Tensor] | None = None  # target_ids()' table
 
@@ -227,15 +231,23 @@ class Eagle3Draft(nn.Module):
         """aux: (..., 3·Dt) target taps → (..., D) (differentiable: training)."""
         return self.fc(aux)
 
-    def fuse(self, gemm: str = "auto") -> None:
+    def fuse(self, gemm: str = "auto", compute_dtype: torch.dtype | None = None) -> None:
         """Inference weights for the engine path (as ``LlamaForCausalLM.fuse``): q/k/v and
         gate/up concatenated, oneDNN-packed copies on a float32 CPU head. Call again after
-        changing the parameters; training (``forward_dense``) never uses them."""
+        changing the parameters; training (``forward_dense``) never uses them.
+        ``compute_dtype``: the engine path's dtype (None keeps the current one, at first the
+        parameters'); the weights are cast copies, the parameters stay as they are, and inputs
+        (target features, the embedding) are cast on the way in, attention runs in the KV
+        pool's dtype (the parameters') and logits come out in float32."""
         lay = self.midlayer
         a, mlp = lay.self_attn, lay.mlp
-        self.gemm = resolve_gemm(gemm, self.fc.weight)
+        if compute_dtype is not None:
+            self.compute_dtype = compute_dtype
+        dt = self.compute_dtype or self.fc.weight.dtype
+        self.gemm = resolve_gemm(gemm, self.fc.weight.detach()[:1].to(dt))
+
         def prep(w: torch.Tensor) -> torch.Tensor:
-            return prepare_weight(w.detach(), self.gemm)
+            return prepare_weight(w.detach().to(dt), self.gemm)
 
         with torch.no_grad():
             self._fast = {
@@ -246,7 +258,10 @@ class Eagle3Draft(nn.Module):
                 "down": prep(mlp.down_proj.weight),
                 "head": prep(self.lm_head.weight),
                 # (2, D): the two input norms' weights, applied to stacked (embedding, hidden)
-                "norms": torch.stack([lay.input_layernorm.weight, lay.hidden_norm.weight]),
+                "norms": torch.stack([lay.input_layernorm.weight,
+                                      lay.hidden_norm.weight]).to(dt),
+                "post_norm": lay.post_attention_layernorm.weight.detach().to(dt),
+                "final_norm": self.norm.weight.detach().to(dt),
             }
 
     def features(self, aux: torch.Tensor) -> torch.Tensor:
@@ -254,7 +269,7 @@ class Eagle3Draft(nn.Module):
         if self._fast is None:
             return self.fc(aux)
         lin, _ = gemm_ops(self.gemm)
-        return lin(aux, self._fast["fc"], None)
+        return lin(aux.to(self.compute_dtype or aux.dtype), self._fast["fc"], None)
 
     def _forward_fast(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                       attn: AttentionBackend, layer: int,
@@ -266,22 +281,28 @@ class Eagle3Draft(nn.Module):
         a = lay.self_attn
         lin, lin_add = gemm_ops(self.gemm)
         eps, d = self.config.rms_norm_eps, (hidden.shape[-1],)
-        cos, sin = self.rotary.rolled(positions, hidden.dtype)
+        io = self.fc.weight.dtype  # the KV pool's (the engine's) dtype
+        dt = self.compute_dtype or io
+        hidden = hidden.to(dt)
+        cos, sin = self.rotary.rolled(positions, dt)
         # Both input norms in one: rms_norm over the stacked (T, 2, D) rows, then the (2, D)
         # weights — rms_norm is x·rsqrt(mean(x²)+eps), then ·weight, so the values are those
         # of the two separate norms and their cat (tests/models/test_fast_paths.py), in 5 ops
         # instead of ~18 (35 → 20 µs per draft step on the 2-core EPYC).
-        x = F.rms_norm(torch.stack([F.embedding(tokens, self.embed.weight), hidden], 1), d,
-                       None, eps).mul(w["norms"]).flatten(1)
+        x = F.rms_norm(torch.stack([F.embedding(tokens, self.embed.weight).to(dt), hidden], 1),
+                       d, None, eps).mul(w["norms"]).flatten(1)
         qkv = lin(x, w["qkv"], None).unflatten(-1, (a.h + 2 * a.kv, a.hd))
         qk = apply_rope_rolled(qkv[:, : a.h + a.kv], cos, sin)
-        o = attn.run(layer, qk[:, : a.h], qk[:, a.h :], qkv[:, a.h + a.kv :])
+        if dt == io:
+            o = attn.run(layer, qk[:, : a.h], qk[:, a.h :], qkv[:, a.h + a.kv :])
+        else:  # the pool holds the engine's dtype
+            o = attn.run(layer, qk[:, : a.h].to(io), qk[:, a.h :].to(io),
+                         qkv[:, a.h + a.kv :].to(io)).to(dt)
         h = lin_add(o.flatten(-2), w["o"], hidden)
-        g, u = lin(F.rms_norm(h, d, lay.post_attention_layernorm.weight, eps), w["gate_up"],
-                   None).chunk(2, -1)
+        g, u = lin(F.rms_norm(h, d, w["post_norm"], eps), w["gate_up"], None).chunk(2, -1)
         out = lin_add(F.silu(g) * u, w["down"], h)
         last = out if logit_rows is None else out.index_select(0, logit_rows)
-        logits = lin(F.rms_norm(last, d, self.norm.weight, eps), w["head"], None)
+        logits = lin(F.rms_norm(last, d, w["final_norm"], eps), w["head"], None)
         return logits.float(), out
 
     def _qkv(self, tokens: torch.Tensor, h: torch.Tensor, cos: torch.Tensor,
