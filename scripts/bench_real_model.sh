@@ -16,7 +16,8 @@
 #   MODEL=[data/models/smollm2-135m-instruct] DRAFT=[data/models/smollm2-eagle3] \
 #   SRC=[data/prompts/real/heldout.jsonl] OUT=[data/results/smollm2-135m-instruct] \
 #   PROMPTS=[4] NEW=[32] REPEATS=[2] LEVELS=[1,2,4] SWEEP_PROMPTS=[4] SWEEP_NEW=[16] \
-#   ENGINE=[threads=1,gemm=onednn] SWEEP_MODE=[--sequential] ONLY="[spec peers policies]" \
+#   ENGINE=[threads=1,gemm=onednn] ENGINE_B=[] SWEEP_MODE=[--sequential] \
+#   ONLY="[spec peers policies]" \
 #   scripts/bench_real_model.sh
 # The defaults are sized for a busy 2-core machine (about 15 min in all); on a quiet one raise
 # them (e.g. PROMPTS=8 NEW=64 REPEATS=3 LEVELS=1,2,4,8,16 SWEEP_MODE= ONLY="spec peers
@@ -41,6 +42,9 @@ SWEEP_NEW=${SWEEP_NEW:-16}
 # thread is what autotune picks on this 2-core machine beside other work. The transformers
 # peers run in the same process with the same torch thread count.
 ENGINE=${ENGINE-threads=1,gemm=onednn}   # empty: the engine's measured "auto" choices
+# peers: a second engine, ENGINE plus these overrides, in the same turns (arms "... [B]"), e.g.
+# ENGINE_B=row_floor=1,draft_dtype=same: the measured row floor and draft dtype side by side
+ENGINE_B=${ENGINE_B-}
 # sweeps: one engine, the arms of a cell back to back (order rotated per repeat); empty for one
 # engine per arm, interleaved step by step (each engine loads the GGUF: ~1 min on a busy machine)
 SWEEP_MODE=${SWEEP_MODE---sequential}
@@ -103,7 +107,8 @@ for s in $ONLY; do
     spec)        step spec spec "${COMMON[@]}" --prompts-file "$WORK/bs1.jsonl" \
                    --max-new-tokens "$NEW" --repeats "$REPEATS" ;;
     peers)       step peers peers "${COMMON[@]}" --prompts-file "$WORK/bs1.jsonl" \
-                   --max-new-tokens "$NEW" --repeats "$REPEATS" --quick ;;
+                   --max-new-tokens "$NEW" --repeats "$REPEATS" --quick \
+                   ${ENGINE_B:+--engine-b "$ENGINE_B"} ;;
     policies)    step policies concurrency "${COMMON[@]}" "${SWEEP[@]}" \
                    --policy always,threshold:auto,goodput,sglang,vllm ;;
     concurrency) step concurrency concurrency "${COMMON[@]}" "${SWEEP[@]}" ;;
