@@ -59,7 +59,7 @@ from workbench.viz import prose as P
 
 models = demo_models(fast=FAST)
 engine = wb.Engine.from_pretrained(models.target, draft=models.draft,
-                                   config=wb.EngineConfig(max_batch_size=64))
+                                   config=wb.EngineConfig(max_batch_size=64, draft_dtype="same"))
 prompts = list(models.prompts)
 print(models.describe())
 print(format_machine(machine_info()), "· load", loadavg())

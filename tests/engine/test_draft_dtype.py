@@ -78,3 +78,14 @@ def test_no_draft_no_choice_and_a_bad_value_is_refused() -> None:
     for bad in ("fp16", "bf16", 1, None):
         with pytest.raises(ConfigError, match="draft_dtype"):
             wb.EngineConfig(draft_dtype=bad)  # type: ignore[arg-type]
+
+
+def test_lab_record_refuses_a_draft_computing_in_another_dtype() -> None:
+    """The lab replays recorded draft scores for other shapes: a bf16 draft's scores move
+    between a 1-row and an N-row step, so recording one is refused, naming the fix."""
+    from workbench.lab.record import record
+
+    with wb.Engine(TARGET, draft=DRAFT, config=wb.EngineConfig(draft_dtype="bfloat16",
+                                                                compile="off")) as e:
+        with pytest.raises(ConfigError, match="draft_dtype='same'"):
+            record(e, [[5, 6, 7]], (3, 2, 6), 4)

@@ -21,7 +21,8 @@ def lab_prompts() -> list[str]:
 
 @pytest.fixture(scope="session")
 def lab_engine() -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(SHIPPED_TARGET, draft=SHIPPED_DRAFT)
+    e = wb.Engine.from_pretrained(SHIPPED_TARGET, draft=SHIPPED_DRAFT,
+                                  config=wb.EngineConfig(draft_dtype="same"))
     yield e
     e.close()
 

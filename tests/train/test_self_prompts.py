@@ -12,8 +12,14 @@ import pytest
 
 from workbench.errors import ConfigError
 from workbench.train.distill import read_prompts
-from workbench.train.self_prompts import (QUESTIONS, STEERS, banned_sources, derive, keep,
-                                          self_distill)
+from workbench.train.self_prompts import (
+    QUESTIONS,
+    STEERS,
+    banned_sources,
+    derive,
+    keep,
+    self_distill,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 HELDOUT = REPO / "data" / "prompts" / "real" / "heldout.jsonl"

@@ -138,7 +138,9 @@ def cmd_record(ns: argparse.Namespace) -> int:
         if not (Path(path) / "config.json").is_file():
             raise ConfigError(f"{flag}: no model at {path}")
     before = loadavg()
-    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=engine_config(ns))
+    # the draft in its own dtype: replay needs its scores exact (lab/record.py)
+    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft,
+                                       config=engine_config(ns, draft_dtype="same"))
     extra: list[Any] = []
     try:
         # one engine per measured arm (baseline, never, the anchor shapes), as bench runs them

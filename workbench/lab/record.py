@@ -157,6 +157,14 @@ def record(engine: Engine, prompts: Sequence[str | Sequence[int]], shape: Sequen
     s, k, n = check_shape(tuple(shape), "lab record --shape")
     if engine.runner.draft is None:
         raise ConfigError("lab record: the engine has no draft model (--draft)")
+    draft = engine.runner.draft
+    if draft.compute_dtype not in (None, draft.fc.weight.dtype):
+        # replay re-ranks the recorded candidates for other shapes: it needs the draft's scores
+        # as its parameters' dtype computes them at any row count (a bf16 draft's scores move by
+        # ~1e-2 between a T=1 and a T=N step, so sub-shape trees would differ from real ones)
+        raise ConfigError(f"lab record: the draft computes in {draft.compute_dtype} "
+                          f"(EngineConfig.draft_dtype={engine.config.draft_dtype!r}); record "
+                          "with EngineConfig(draft_dtype='same')")
     if not prompts:
         raise ConfigError("lab record: no prompts (the prompts file is empty)")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 2:
