@@ -408,16 +408,26 @@ def tau_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--out", default="data/results/real/tau_heldout.json")
+    ap.add_argument("--engine", default="", metavar="KEY=VALUE,...",
+                    help="EngineConfig overrides, e.g. draft_dtype=same")
     ns = ap.parse_args(argv)
+    import dataclasses
+
     import workbench as wb
+    from workbench.bench.cli_args import engine_overrides
 
     s, k, n = (int(v) for v in ns.spec.split(","))
     spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n)
     records = load_prompt_records(ns.prompts_file, chat=ns.chat_template)
-    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=wb.EngineConfig(
-        max_batch_size=ns.batch, kv_budget_tokens=ns.batch * 2048))
+    cfg = dataclasses.replace(wb.EngineConfig(max_batch_size=ns.batch,
+                                              kv_budget_tokens=ns.batch * 2048),
+                              **engine_overrides(ns))
+    engine = wb.Engine.from_pretrained(ns.model, draft=ns.draft, config=cfg)
     try:
         res = run_tau_bench(engine, records, spec, ns.max_new_tokens, ns.batch)
+        # the draft's compute dtype changes its proposals (never the outputs): record it
+        res["engine_choices"] = {k: {"choice": v.get("choice"), "source": v.get("source")}
+                                 for k, v in engine.choices.items() if isinstance(v, dict)}
     finally:
         engine.close()
     print(tau_table(res).to_string(index=False))
