@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine import autotune
+from workbench.engine import autotune, shape_choices
 from workbench.errors import ConfigError
 from workbench.models.gemm import onednn_ok
 
@@ -55,8 +55,8 @@ def test_auto_is_measured_then_cached(tmp_path: Path, monkeypatch: pytest.Monkey
     info, plain, spec, _ = _run(wb.EngineConfig(compile="off"))
     assert spec == plain
     assert info["source"] == "measured" and info["candidates"] == ["same", "bfloat16"]
-    assert set(info["timings_ms"]["bfloat16"]) == set(autotune.DRAFT_SHAPES)
-    assert info["choice"] == autotune.pick(info["timings_ms"], "same", autotune.DRAFT_WEIGHTS)
+    assert set(info["timings_ms"]["bfloat16"]) == set(shape_choices.DRAFT_SHAPES)
+    assert info["choice"] == autotune.pick(info["timings_ms"], "same", shape_choices.DRAFT_WEIGHTS)
     assert info["compute"] == (torch.bfloat16 if info["choice"] == "bfloat16" else None)
     if info["provisional"]:  # measured on a busy machine: never cached
         return
@@ -65,7 +65,7 @@ def test_auto_is_measured_then_cached(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_auto_is_same_where_bf16_cannot_help(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(autotune, "onednn_ok", lambda w: False)
+    monkeypatch.setattr(shape_choices, "onednn_ok", lambda w: False)
     info, plain, spec, _ = _run(wb.EngineConfig(compile="off", gemm="dense"))
     assert spec == plain
     assert info["choice"] == "same" and info["source"] == "only"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.engine import autotune
+from workbench.engine import autotune, shape_choices
 from workbench.errors import ConfigError
 from workbench.models.gemm import FLOORS, gemm_ops, onednn_ok, pack, row_bucket
 
@@ -47,11 +47,11 @@ def test_padded_rows_leave_every_real_row_bit_identical(floor: int) -> None:
 def test_pick_floor_takes_the_fastest_count_beyond_the_margin() -> None:
     t = {f"M={m}": v for m, v in zip(FLOORS, (23.4, 25.6, 24.0, 20.4, 21.0, 20.0, 26.0, 24.0),
                                      strict=True)}
-    assert autotune.pick_floor(t) == 6
+    assert shape_choices.pick_floor(t) == 6
     # within the margin of one row: no floor
-    assert autotune.pick_floor({**t, "M=1": 20.3}) == 1
+    assert shape_choices.pick_floor({**t, "M=1": 20.3}) == 1
     # a tie goes to the fewer rows
-    assert autotune.pick_floor({"M=1": 30.0, "M=4": 20.0, "M=6": 20.0}) == 4
+    assert shape_choices.pick_floor({"M=1": 30.0, "M=4": 20.0, "M=6": 20.0}) == 4
 
 
 @pytest.mark.parametrize("bad", [-1, 17, True, 2.0, "6"])
@@ -88,7 +88,7 @@ def test_auto_is_measured_on_the_weights_then_read_from_the_cache(
         rows = e.choices["rows"]
         assert rows["source"] == "measured"
         assert set(rows["timings_ms"]["onednn"]) == {f"M={m}" for m in FLOORS}
-        assert rows["choice"] == str(autotune.pick_floor(rows["timings_ms"]["onednn"]))
+        assert rows["choice"] == str(shape_choices.pick_floor(rows["timings_ms"]["onednn"]))
         assert e.runner.target.row_floor == int(rows["choice"])
         first = e.generate([[5, 6, 7]], wb.SamplingParams(max_new_tokens=5))[0].token_ids
     if rows["provisional"]:  # measured while the machine was busy: never cached

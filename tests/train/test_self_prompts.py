@@ -147,3 +147,9 @@ def test_a_target_that_never_closes_its_turn_is_refused_loudly(tmp_path: Path) -
         self_distill(str(TOY), prompts, tmp_path / "out", 3, 4, 1, 4, 1)
     with pytest.raises(ConfigError, match="conversations"):
         self_distill(str(TOY), prompts, tmp_path / "out", 0, 4, 8, 4, 1)
+
+
+def test_translation_languages_are_the_template_prompts_languages() -> None:
+    from workbench.train import real_prompts, self_prompts
+
+    assert self_prompts.LANGS == real_prompts.LANGS

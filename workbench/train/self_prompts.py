@@ -27,8 +27,10 @@ from typing import Any
 
 from workbench.errors import ConfigError
 from workbench.train.distill import ChatTokenizer, read_prompts
-from workbench.train.real_prompts import LANGS
 
+# the target languages of translation prompts (real_prompts.LANGS: the template prompts', kept
+# equal by tests/train/test_self_prompts.py; not imported, since real_prompts' CLI imports this)
+LANGS = ("French", "Spanish", "German", "Italian", "Portuguese")
 # Sampled kinds and their steers. Translation and retrieval prompts are not sampled: asked to
 # write a sentence to translate, a 135 M target writes broken foreign text, so they are built
 # from kept prompts instead (derive()): an English question or request to translate, a passage
