@@ -80,6 +80,7 @@ OFF_STEP_PATH: dict[str, str] = {
     "engine/__init__.py": "re-exports",
     "engine/affinity.py": "host scheduling only (CPU affinity, /proc/stat): no tensors",
     "engine/autotune.py": "init stage: times host GEMMs on CPU weights",
+    "engine/shape_choices.py": "init stage (autotune): times host GEMMs on CPU weights",
     "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
                             "times host GEMMs on CPU weights between steps",
     "engine/policy_init.py": "init stage / set_spec: calibrates through the engine's own steps",
