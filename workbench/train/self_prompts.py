@@ -125,7 +125,7 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     # regenerates that batch (same seeds, same ids) and answers only the ids not yet answered
     answered = ({json.loads(x)["id"] for x in conv.read_text().splitlines() if x}
                 if conv.is_file() else set())
-    if recs.is_file() and recs.read_text().strip():  # (an emptied file: nothing kept yet)
+    if recs.is_file() and recs.stat().st_size:  # (an emptied file: nothing kept yet)
         for r in read_prompts(recs):
             seen.add(r["prompt"].lower())
             have += 1
