@@ -259,6 +259,6 @@ def save_eagle3(draft: Eagle3Draft, folder: str | Path) -> None:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(draft.config.to_hf_dict(), indent=2) + "\n")
-    state = {k: v.detach().contiguous().clone() for k, v in draft.state_dict().items()
+    state = {k: v.detach().cpu().contiguous().clone() for k, v in draft.state_dict().items()
              if not k.startswith(("embed.", "rotary."))}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from workbench.errors import ConfigError
 
 # A checkpoint made with other values of these fields cannot be continued.
@@ -52,6 +54,17 @@ class DraftTrainConfig:
     # and the target's features stay float32; evaluation runs in float32). Faster where the CPU
     # has bf16 dot products (AVX512_BF16, AMX); measure before choosing it elsewhere.
     autocast: str = ""
+    # Where the target and the head run: "cpu" or "cuda[:N]" (the corpus, the sampling and the
+    # exported head stay on the host; a checkpoint resumes on any device).
+    device: str = "cpu"
+    # A head folder (an exported EAGLE-3 checkpoint for this target) to start from instead of a
+    # fresh init: its weights and draft vocabulary, a fresh optimizer and schedule. A checkpoint
+    # in ``work`` wins (that run is resumed).
+    init_from: str = ""
+    # Seconds of training steps this run may take (0: no limit). After the warmup (at least 20
+    # steps) the step count is cut to what fits at the speed measured so far, and the schedule
+    # anneals over the cut count; evaluation and export come after the budget.
+    time_budget: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("draft_vocab_size", "steps", "batch", "seq_len", "ckpt_every", "eval_batches",
@@ -82,6 +95,15 @@ class DraftTrainConfig:
         if self.regenerate and self.regen_prompt_len >= self.seq_len:
             raise ConfigError(f"regen_prompt_len: {self.regen_prompt_len} must be < seq_len "
                               f"{self.seq_len} (the rest of each window is generated)")
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"device: {self.device!r} is not a torch device ({e})") from e
+        if dev.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device: must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if not self.time_budget >= 0.0 or self.time_budget == float("inf"):
+            raise ConfigError(f"time_budget: must be a finite number of seconds >= 0 (0: no "
+                              f"limit), got {self.time_budget}")
         if self.autocast not in ("", "bfloat16"):
             raise ConfigError(f"autocast: must be '' (off) or 'bfloat16', got {self.autocast!r}")
         if self.answer_loss and not self.corpus.endswith(".npz"):

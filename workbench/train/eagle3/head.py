@@ -50,7 +50,8 @@ def new_draft(cfg: DraftTrainConfig, dcfg: Eagle3Config, target: Target,
         if cfg.init_from_target:
             # The head imitates the target's last hidden state; start from its read-out.
             draft.norm.weight.copy_(target.model.norm.weight)
-            draft.lm_head.weight.copy_(target.lm_head.weight[torch.arange(len(d2t)) + d2t])
+            rows = (torch.arange(len(d2t)) + d2t).to(target.lm_head.weight.device)
+            draft.lm_head.weight.copy_(target.lm_head.weight[rows])
     draft.set_embedding(target.model.embed_tokens)
     return draft
 
@@ -70,17 +71,18 @@ def evaluate(draft: Eagle3Draft, target: Target, aux: tuple[int, ...],
     """Per-step mean forward KL and top-1 agreement over fixed windows (seq_len each);
     ``weights`` (one row weight per draft row, as ``ttt_forward``): weighted means."""
     draft.eval()
+    dev = draft.fc.weight.device
     kl_sum = torch.zeros(cfg.ttt_steps)
     acc_sum = torch.zeros(cfg.ttt_steps)
     n = 0.0
     for lo in range(0, len(windows), cfg.batch):
-        x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64))
-        w = None if weights is None else torch.from_numpy(weights[lo : lo + cfg.batch])
+        x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64)).to(dev)
+        w = None if weights is None else torch.from_numpy(weights[lo : lo + cfg.batch]).to(dev)
         logits, taps = target_features(target, x, aux)
         _, kl, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
         share = float(len(x)) if w is None else float(w.sum())  # step 0's rows, as the weight
-        kl_sum += kl * share
-        acc_sum += acc * share
+        kl_sum += kl.cpu() * share
+        acc_sum += acc.cpu() * share
         n += share
     draft.train()
     n = max(n, 1e-12)
@@ -105,15 +107,16 @@ def fit_greedy_temperature(draft: Eagle3Draft, target: Target, aux: tuple[int, .
     under softmax(logits / T), over every unrolled step of ``windows`` (held-out). Returns
     (T, {"nll_T=1": ..., "nll_best": ...})."""
     draft.eval()
+    dev = draft.fc.weight.device
     vd = draft.config.draft_vocab_size
-    target_ids = draft.draft_to_target(torch.arange(vd))
-    to_draft = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
-    to_draft[target_ids] = torch.arange(vd)
+    target_ids = draft.draft_to_target(torch.arange(vd, device=dev))
+    to_draft = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64, device=dev)
+    to_draft[target_ids] = torch.arange(vd, device=dev)
     grid = torch.tensor(TEMPERATURE_GRID)
-    nll_sum = torch.zeros(len(grid), dtype=torch.float64)
+    nll_sum = torch.zeros(len(grid), dtype=torch.float64, device=dev)
     count = 0
     for lo in range(0, len(windows), cfg.batch):
-        x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64))
+        x = torch.from_numpy(windows[lo : lo + cfg.batch].astype(np.int64)).to(dev)
         logits, taps = target_features(target, x, aux)
         n = x.shape[1] - 1
         label = to_draft[logits[:, 1:].argmax(-1)]  # (B, n): -1 where the draft cannot hit it

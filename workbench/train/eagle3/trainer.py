@@ -17,7 +17,13 @@ from tqdm.auto import tqdm
 
 from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
-from workbench.models.loader import Target, load_target, save_eagle3
+from workbench.models.loader import (
+    Target,
+    load_target,
+    read_safetensors,
+    resolve_path,
+    save_eagle3,
+)
 from workbench.train.eagle3.config import RESUME_FIELDS, DraftTrainConfig
 from workbench.train.eagle3.data import (
     answer_masks,
@@ -43,7 +49,7 @@ from workbench.train.loop import lr_at, save_checkpoint
 
 def _load_target_checked(cfg: DraftTrainConfig) -> tuple[Target, ModelConfig, Path]:
     try:
-        target, mcfg, folder = load_target(cfg.target, dtype="float32")
+        target, mcfg, folder = load_target(cfg.target, dtype="float32", device=cfg.device)
     except ConfigError as e:
         raise ConfigError(f"target {cfg.target!r}: {e}") from e
     if cfg.draft_vocab_size > mcfg.vocab_size:
@@ -63,11 +69,45 @@ def _check_resume(state: dict[str, Any], cfg: DraftTrainConfig, ckpt: Path) -> N
                               f"{getattr(cfg, f)!r}; use another work folder or delete it")
 
 
+def _device(cfg: DraftTrainConfig) -> torch.device:
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {cfg.device!r}, but this torch sees no CUDA device")
+    return dev
+
+
+def _init_from(draft: torch.nn.Module, folder: str) -> None:
+    """Load the head weights and draft vocabulary of the exported head in ``folder``."""
+    path = resolve_path(folder)
+    tensors = read_safetensors(path)
+    own = head_state(draft)
+    extra = sorted(set(tensors) - set(own))
+    missing = sorted(k for k in set(own) - set(tensors) if not k.startswith("rotary."))
+    if extra or missing:
+        raise ConfigError(f"init_from: {folder!r} does not fit this head (missing {missing[:3]}, "
+                          f"unexpected {extra[:3]})")
+    for k, v in tensors.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise ConfigError(f"init_from: {folder!r}: {k} has shape {tuple(v.shape)}, this head "
+                              f"{tuple(own[k].shape)} (another target or head geometry?)")
+    with torch.no_grad():
+        for k, v in tensors.items():
+            own[k].copy_(v)
+
+
+def _budget_steps(cfg: DraftTrainConfig, step: int, done: int, spent: float) -> int:
+    """The step count that fits ``cfg.time_budget``: ``done`` steps of this run took ``spent``
+    seconds, and ``step`` is the step reached."""
+    left = max(cfg.time_budget - spent, 0.0)
+    return max(step + 1, min(cfg.steps, step + int(left / (spent / done))))
+
+
 def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     """Train (or resume) a head for ``cfg.target`` and export it to ``cfg.out``. Returns the
     summary also written to ``<out>/training_summary.json``."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    dev = _device(cfg)
     torch.manual_seed(cfg.seed)
     # 1. Target, features to tap, data (corpus + regenerated windows), draft vocabulary.
     target, mcfg, folder = _load_target_checked(cfg)
@@ -81,26 +121,30 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     vocab_src = [train] + ([regen_train.ravel()] if regen_train is not None else [])
     d2t, t2d = build_draft_vocab(vocab_src, mcfg.vocab_size, cfg.draft_vocab_size)
     # 2. Head, optimizer, sampling generator; resume from the work checkpoint if present.
-    draft = new_draft(cfg, draft_config(cfg, mcfg, aux), target, d2t, t2d)
+    draft = new_draft(cfg, draft_config(cfg, mcfg, aux), target, d2t, t2d).to(dev)
+    ckpt = Path(cfg.work) / "ckpt.pt"
+    if cfg.init_from and not ckpt.exists():
+        _init_from(draft, cfg.init_from)
     params = trainable(draft)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    ckpt = Path(cfg.work) / "ckpt.pt"
     step, history, seconds = 0, [], 0.0
     if ckpt.exists():  # its d2t/t2d win: the vocabulary the head was trained with
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=False, map_location=dev)
         _check_resume(state, cfg, ckpt)
         missing, unexpected = draft.load_state_dict(state["model"], strict=False)
         if unexpected or any(not k.startswith("embed.") for k in missing):
             raise ConfigError(f"work: {ckpt} does not fit this head (missing "
                               f"{missing[:3]}, unexpected {unexpected[:3]}); delete it")
         opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
+        gen.set_state(state["gen"].cpu())
         step, history, seconds = state["step"], state["history"], state["seconds"]
     tokens_per_step = cfg.batch * (cfg.seq_len - 1)
     # 3. Train: one target forward, the unrolled TTT loss, one optimizer step.
     bar = tqdm(total=cfg.steps, initial=step, desc="train-draft", unit="step")
     start = (step, seconds)
+    probe = max(cfg.warmup, 20)  # steps timed before a time budget sizes the run
+    budget_steps = None
     window: list[tuple[float, list[float]]] = []
     draft.train()
     while step < cfg.steps:
@@ -112,8 +156,10 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
             x = sample_batch(train, regen_train, cfg, gen)
         else:
             x, w = sample_answer_batch(train, masks[0], regen_train, cfg, gen)
+            w = w.to(dev)
+        x = x.to(dev)
         logits, taps = target_features(target, x, aux)
-        with (torch.autocast("cpu", dtype=torch.bfloat16) if cfg.autocast == "bfloat16"
+        with (torch.autocast(dev.type, dtype=torch.bfloat16) if cfg.autocast == "bfloat16"
               else contextlib.nullcontext()):
             loss, _, acc = ttt_forward(draft, taps, logits, x, cfg.ttt_steps, cfg.step_decay, w)
         opt.zero_grad(set_to_none=True)
@@ -121,9 +167,14 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        window.append((loss.item(), acc.tolist()))  # waits for the step on an accelerator
         seconds += time.perf_counter() - t0
-        window.append((loss.item(), acc.tolist()))
         bar.update(1)
+        if cfg.time_budget and budget_steps is None and step - start[0] >= probe:
+            budget_steps = _budget_steps(cfg, step, step - start[0], seconds - start[1])
+            cfg = dataclasses.replace(cfg, steps=budget_steps)
+            bar.total = cfg.steps
+            bar.refresh()
         run_tok_s = (step - start[0]) * tokens_per_step / max(seconds - start[1], 1e-9)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.3f}",
                         tok_s=f"{run_tok_s:.0f}")  # the bar itself shows elapsed<ETA
@@ -152,7 +203,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     temp, cal = fit_greedy_temperature(draft, target, aux, eval_windows(cal_src, cfg), cfg)
     draft.config = dataclasses.replace(draft.config, greedy_score_temperature=temp)
     save_eagle3(draft, cfg.out)
-    in_vocab = draft.get_buffer("t2d")[torch.from_numpy(train.astype(np.int64))]
+    in_vocab = draft.get_buffer("t2d").cpu()[torch.from_numpy(train.astype(np.int64))]
     summary: dict[str, Any] = {
         "steps": step, "tokens": step * tokens_per_step, "seconds": seconds,
         "tokens_per_second": step * tokens_per_step / max(seconds, 1e-9),
@@ -165,7 +216,10 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         **evals,
         "est_accept_length_chain": {k: est_accept_length(v["acc"]) for k, v in evals.items()},
         "greedy_score_temperature": temp, "calibration": cal,
-        "torch_threads": torch.get_num_threads(), "config": asdict(cfg), "history": history,
+        "torch_threads": torch.get_num_threads(), "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "steps_fitted_to_time_budget": budget_steps,
+        "config": asdict(cfg), "history": history,
     }
     (Path(cfg.out) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

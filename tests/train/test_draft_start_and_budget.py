@@ -1,0 +1,88 @@
+"""Draft training: starting from an exported head (``init_from``), a run sized to a time budget
+(``time_budget``) and the ``device`` setting (refused when it names nothing this torch has)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from workbench.errors import ConfigError
+from workbench.train.eagle3 import DraftTrainConfig, train_draft
+
+VD = 128
+
+
+def micro_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> DraftTrainConfig:
+    settings: dict[str, Any] = dict(
+        target=str(target), out=str(tmp / "head"), work=str(tmp / "work"), corpus=str(corpus),
+        draft_vocab_size=VD, steps=6, batch=4, seq_len=48, lr=3e-3, warmup=2, ttt_steps=5,
+        regenerate=False, eval_batches=1, ckpt_every=3, threads=1)
+    settings.update(kw)
+    return DraftTrainConfig(**settings)
+
+
+def tensors(folder: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def test_init_from_starts_at_the_exported_head(tmp_path: Path, micro_target: Path,
+                                               tiny_corpus: Path) -> None:
+    train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus))
+    src = tensors(tmp_path / "a" / "head")
+    # A vanishing learning rate: the head that comes out is the head that went in.
+    s = train_draft(micro_cfg(tmp_path / "b", micro_target, tiny_corpus, steps=1, lr=1e-30,
+                              init_from=str(tmp_path / "a" / "head")))
+    out = tensors(tmp_path / "b" / "head")
+    assert set(out) == set(src)
+    for k, v in src.items():
+        assert torch.allclose(out[k].float(), v.float(), atol=1e-6), k
+    fresh = tensors(tmp_path / "a" / "head")  # unchanged by the second run
+    assert all(torch.equal(fresh[k], v) for k, v in src.items())
+    assert s["steps"] == 1
+    # A fresh head at the same lr differs: the weights above came from the folder.
+    train_draft(micro_cfg(tmp_path / "c", micro_target, tiny_corpus, steps=1, lr=1e-30))
+    other = tensors(tmp_path / "c" / "head")
+    assert not torch.allclose(other["fc.weight"], src["fc.weight"])
+
+
+def test_init_from_refuses_another_geometry(tmp_path: Path, micro_target: Path,
+                                            tiny_corpus: Path) -> None:
+    train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus, draft_vocab_size=VD // 2))
+    with pytest.raises(ConfigError, match="init_from.*d2t|init_from.*shape"):
+        train_draft(micro_cfg(tmp_path / "b", micro_target, tiny_corpus,
+                              init_from=str(tmp_path / "a" / "head")))
+    with pytest.raises(ConfigError, match="no_such_head"):
+        train_draft(micro_cfg(tmp_path / "c", micro_target, tiny_corpus,
+                              init_from=str(tmp_path / "no_such_head")))
+
+
+def test_time_budget_cuts_the_steps_after_the_probe(tmp_path: Path, micro_target: Path,
+                                                    tiny_corpus: Path) -> None:
+    # 20 probe steps take far more than 1 ms, so the budget leaves one more step.
+    s = train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, steps=1000,
+                              time_budget=0.001, ckpt_every=50))
+    assert s["steps"] == 21
+    assert s["steps_fitted_to_time_budget"] == 21
+    assert s["config"]["steps"] == 21  # the schedule annealed over the fitted count
+    assert s["history"][-1]["step"] == 21
+    unlimited = train_draft(micro_cfg(tmp_path / "u", micro_target, tiny_corpus, steps=3))
+    assert unlimited["steps_fitted_to_time_budget"] is None
+    assert unlimited["device"] == "cpu"
+
+
+def test_device_and_budget_refusals_name_the_field(tmp_path: Path, micro_target: Path,
+                                                   tiny_corpus: Path) -> None:
+    for bad in ("tpu", "no such device", "meta"):
+        with pytest.raises(ConfigError, match="device"):
+            micro_cfg(tmp_path, micro_target, tiny_corpus, device=bad)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="time_budget"):
+            micro_cfg(tmp_path, micro_target, tiny_corpus, time_budget=bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device: 'cuda'.*no CUDA"):
+            train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, device="cuda"))
