@@ -86,3 +86,29 @@ def test_device_and_budget_refusals_name_the_field(tmp_path: Path, micro_target:
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device: 'cuda'.*no CUDA"):
             train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, device="cuda"))
+
+
+def test_eval_every_exports_the_best_scoring_head(tmp_path: Path, micro_target: Path,
+                                                  tiny_corpus: Path) -> None:
+    s = train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, steps=8, eval_every=2,
+                              ckpt_every=4))
+    steps = [r["step"] for r in s["selection"]]
+    assert steps == [2, 4, 6, 8]
+    ests = [r["est_accept_length_chain"] for r in s["selection"]]
+    assert all(1.0 <= e <= 6.0 for e in ests)
+    assert s["exported_step"] == steps[ests.index(max(ests))]
+    state = torch.load(tmp_path / "work" / "ckpt.pt", weights_only=False)
+    assert state["best"]["step"] == s["exported_step"]
+    out = tensors(tmp_path / "head")
+    for k, v in state["best"]["model"].items():
+        if k in out:
+            assert torch.equal(out[k], v), k
+    # Resumed with more steps, the scores so far come from the checkpoint.
+    more = train_draft(micro_cfg(tmp_path, micro_target, tiny_corpus, steps=10, eval_every=2,
+                                 ckpt_every=4))
+    assert [r["step"] for r in more["selection"]] == [2, 4, 6, 8, 10]
+    assert more["selection"][:4] == s["selection"]
+    off = train_draft(micro_cfg(tmp_path / "off", micro_target, tiny_corpus, steps=3))
+    assert off["selection"] == [] and off["exported_step"] == 3
+    with pytest.raises(ConfigError, match="eval_every"):
+        micro_cfg(tmp_path, micro_target, tiny_corpus, eval_every=-1)

@@ -65,6 +65,10 @@ class DraftTrainConfig:
     # steps) the step count is cut to what fits at the speed measured so far, and the schedule
     # anneals over the cut count; evaluation and export come after the budget.
     time_budget: float = 0.0
+    # Every this many steps (0: never) score the held-out rows (the answer rows with
+    # answer_loss) by the chain accept-length estimate; the best-scoring head is the one
+    # exported, so a run that starts to over-fit keeps its best point.
+    eval_every: int = 0
 
     def __post_init__(self) -> None:
         for f in ("draft_vocab_size", "steps", "batch", "seq_len", "ckpt_every", "eval_batches",
@@ -72,7 +76,7 @@ class DraftTrainConfig:
             if getattr(self, f) <= 0:
                 raise ConfigError(f"{f}: must be > 0, got {getattr(self, f)}")
         for f in ("heads", "kv_heads", "head_dim", "intermediate", "warmup", "threads",
-                  "regen_sequences"):
+                  "regen_sequences", "eval_every"):
             if getattr(self, f) < 0:
                 raise ConfigError(f"{f}: must be >= 0 (0: default), got {getattr(self, f)}")
         if self.ttt_steps < 5:

@@ -95,11 +95,14 @@ def _init_from(draft: torch.nn.Module, folder: str) -> None:
             own[k].copy_(v)
 
 
-def _budget_steps(cfg: DraftTrainConfig, step: int, done: int, spent: float) -> int:
-    """The step count that fits ``cfg.time_budget``: ``done`` steps of this run took ``spent``
-    seconds, and ``step`` is the step reached."""
+WARM_STEPS = 5  # a run's first steps (allocator, kernel selection) are not timed for a budget
+
+
+def _budget_steps(cfg: DraftTrainConfig, step: int, spent: float, rate: float) -> int:
+    """The step count that fits ``cfg.time_budget``: this run has spent ``spent`` seconds on
+    steps, reached ``step`` and now takes ``rate`` seconds a step."""
     left = max(cfg.time_budget - spent, 0.0)
-    return max(step + 1, min(cfg.steps, step + int(left / (spent / done))))
+    return max(step + 1, min(cfg.steps, step + int(left / max(rate, 1e-9))))
 
 
 def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
@@ -129,6 +132,12 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     step, history, seconds = 0, [], 0.0
+    selection: list[dict[str, Any]] = []  # the eval_every scores
+    best: dict[str, Any] | None = None  # the best-scoring head so far (eval_every)
+    if masks is not None:
+        sel_windows, sel_weights = eval_answer_windows(held, masks[1], cfg)
+    else:
+        sel_windows, sel_weights = eval_windows(held, cfg), None
     if ckpt.exists():  # its d2t/t2d win: the vocabulary the head was trained with
         state = torch.load(ckpt, weights_only=False, map_location=dev)
         _check_resume(state, cfg, ckpt)
@@ -139,12 +148,14 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         opt.load_state_dict(state["opt"])
         gen.set_state(state["gen"].cpu())
         step, history, seconds = state["step"], state["history"], state["seconds"]
+        selection, best = state.get("selection", []), state.get("best")
     tokens_per_step = cfg.batch * (cfg.seq_len - 1)
     # 3. Train: one target forward, the unrolled TTT loss, one optimizer step.
     bar = tqdm(total=cfg.steps, initial=step, desc="train-draft", unit="step")
     start = (step, seconds)
-    probe = max(cfg.warmup, 20)  # steps timed before a time budget sizes the run
+    probe = max(cfg.warmup, 20)  # steps before a time budget sizes the run
     budget_steps = None
+    warm_at = None  # (step, seconds) once the warm steps are done
     window: list[tuple[float, list[float]]] = []
     draft.train()
     while step < cfg.steps:
@@ -170,14 +181,25 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         window.append((loss.item(), acc.tolist()))  # waits for the step on an accelerator
         seconds += time.perf_counter() - t0
         bar.update(1)
+        if step - start[0] == WARM_STEPS:
+            warm_at = (step, seconds)
         if cfg.time_budget and budget_steps is None and step - start[0] >= probe:
-            budget_steps = _budget_steps(cfg, step, step - start[0], seconds - start[1])
+            assert warm_at is not None
+            rate = (seconds - warm_at[1]) / (step - warm_at[0])
+            budget_steps = _budget_steps(cfg, step, seconds - start[1], rate)
             cfg = dataclasses.replace(cfg, steps=budget_steps)
             bar.total = cfg.steps
             bar.refresh()
         run_tok_s = (step - start[0]) * tokens_per_step / max(seconds - start[1], 1e-9)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.3f}",
                         tok_s=f"{run_tok_s:.0f}")  # the bar itself shows elapsed<ETA
+        if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            ev = evaluate(draft, target, aux, sel_windows, cfg, sel_weights)
+            est = est_accept_length(ev["acc"])
+            selection.append({"step": step, "acc": ev["acc"], "est_accept_length_chain": est})
+            if best is None or est > best["est"]:
+                best = {"step": step, "est": est,
+                        "model": {k: v.detach().clone() for k, v in head_state(draft).items()}}
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             history.append({"step": step, "loss": float(np.mean([w[0] for w in window])),
                             "acc": np.mean([w[1] for w in window], axis=0).tolist(),
@@ -185,8 +207,11 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
             window = []
             save_checkpoint(ckpt, {"model": head_state(draft), "opt": opt.state_dict(),
                                    "gen": gen.get_state(), "step": step, "history": history,
-                                   "seconds": seconds, "config": asdict(cfg)})
+                                   "seconds": seconds, "config": asdict(cfg),
+                                   "selection": selection, "best": best})
     bar.close()
+    if best is not None and best["step"] != step:  # export the best-scoring point
+        draft.load_state_dict(best["model"], strict=False)
     # 4. Evaluate (train / held-out corpus / held-out regenerated windows) and export.
     evals = {"train": evaluate(draft, target, aux, eval_windows(train, cfg), cfg),
              "heldout": evaluate(draft, target, aux, eval_windows(held, cfg), cfg)}
@@ -219,6 +244,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "steps_fitted_to_time_budget": budget_steps,
+        "exported_step": step if best is None else best["step"], "selection": selection,
         "config": asdict(cfg), "history": history,
     }
     (Path(cfg.out) / "training_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
