@@ -112,3 +112,17 @@ def test_eval_every_exports_the_best_scoring_head(tmp_path: Path, micro_target: 
     assert off["selection"] == [] and off["exported_step"] == 3
     with pytest.raises(ConfigError, match="eval_every"):
         micro_cfg(tmp_path, micro_target, tiny_corpus, eval_every=-1)
+
+
+def test_eval_every_scores_the_head_it_starts_from(tmp_path: Path, micro_target: Path,
+                                                   tiny_corpus: Path) -> None:
+    train_draft(micro_cfg(tmp_path / "a", micro_target, tiny_corpus, steps=20))
+    src = tensors(tmp_path / "a" / "head")
+    # A learning rate that wrecks the head: the starting point scores best and is exported.
+    s = train_draft(micro_cfg(tmp_path / "b", micro_target, tiny_corpus, steps=4, lr=5.0,
+                              warmup=0, eval_every=2, init_from=str(tmp_path / "a" / "head")))
+    assert [r["step"] for r in s["selection"]] == [0, 2, 4]
+    assert s["exported_step"] == 0
+    out = tensors(tmp_path / "b" / "head")
+    for k, v in src.items():
+        assert torch.equal(out[k], v), k

@@ -157,6 +157,12 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     budget_steps = None
     warm_at = None  # (step, seconds) once the warm steps are done
     window: list[tuple[float, list[float]]] = []
+    if cfg.eval_every and cfg.init_from and step == 0:  # the head it starts from competes
+        ev = evaluate(draft, target, aux, sel_windows, cfg, sel_weights)
+        est = est_accept_length(ev["acc"])
+        selection.append({"step": 0, "acc": ev["acc"], "est_accept_length_chain": est})
+        best = {"step": 0, "est": est,
+                "model": {k: v.detach().clone() for k, v in head_state(draft).items()}}
     draft.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
