@@ -38,3 +38,19 @@ def test_rotary_table_follows_inv_freq_to_its_device() -> None:
     ref_cos, ref_sin = Rotary(CFG).cos_sin(pos, torch.float32)
     assert cos.device.type == "cpu"
     assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+
+
+def test_rotary_table_keeps_its_length_when_the_dtype_flips() -> None:
+    """bf16 autocast training and float32 evaluation in turn (``train-draft --eval-every``)
+    ask for both dtypes over and over: each rebuild keeps the length, values as a fresh
+    table's; only a longer request grows it."""
+    rot = Rotary(CFG)
+    pos = torch.arange(200)
+    for _ in range(30):
+        for dt in (torch.bfloat16, torch.float32):
+            cos, sin = rot.cos_sin(pos, dt)
+    assert rot._cos.shape[0] == 256 and rot._cos.dtype == torch.float32
+    ref_cos, ref_sin = Rotary(CFG).cos_sin(pos, torch.float32)
+    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    rot.cos_sin(torch.tensor([300]), torch.float32)
+    assert rot._cos.shape[0] == 512

@@ -59,7 +59,11 @@ class Rotary(nn.Module):
     def table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if (self._cos.shape[0] < n or self._cos.dtype != dtype
                 or self._cos.device != self.inv_freq.device):
-            size = max(n, 2 * self._cos.shape[0], 256)
+            # Grow geometrically; a new dtype or device alone rebuilds at the same length
+            # (doubling there too made a table that flips dtype, e.g. bf16 autocast training
+            # and float32 evaluation in turn, grow to gigabytes)
+            grown = self._cos.shape[0] < n
+            size = max(n, 2 * self._cos.shape[0], 256) if grown else self._cos.shape[0]
             t = torch.arange(size, dtype=torch.int64, device=self.inv_freq.device).float()
             freqs = torch.outer(t, self.inv_freq)
             emb = torch.cat((freqs, freqs), dim=-1)

@@ -71,9 +71,20 @@ def render(head: Path, corpus: dict[str, Any], tau: dict[str, Any]) -> str:
                "answers)" if c.get("answer_loss") else "every row")
     precision = (" under bfloat16 autocast (`--autocast bfloat16`; the target's features in "
                  "float32)" if c.get("autocast") == "bfloat16" else "")
+    on_gpu = str(s.get("device", "cpu")).startswith("cuda")
+    where = f"a {s.get('device_name')} GPU" if on_gpu else "CPU"
+    workers = (f"on {s.get('device_name')}" if on_gpu else
+               f"{s.get('torch_threads')} torch thread(s) (provisional, under load: "
+               f"{run.get('load', '')})")
+    machine = run.get("training_machine") or run.get("cpu", "")
+    picked = ""
+    if s.get("selection"):
+        picked = (f"| exported | step {s.get('exported_step')} of {s.get('steps')}: the best "
+                  f"chain estimate on held-out answers, scored every {c.get('eval_every')} "
+                  f"steps (`--eval-every`) |\n")
     hist_rows = "\n".join(f"| {h['step']} | {h['loss']:.3f} | {_f(h['acc'])} | "
                           f"{h['seconds'] / 60:.1f} |" for h in hist)
-    return f"""# smollm2-eagle3 — an EAGLE-3 head for SmolLM2-135M-Instruct, trained on CPU
+    return f"""# smollm2-eagle3 — an EAGLE-3 head for SmolLM2-135M-Instruct, trained on {where}
 
 Standard `LlamaForCausalLMEagle3` checkpoint (docs/REFERENCE.md §6) for the real model
 `data/models/smollm2-135m-instruct`: one decoder layer over the fused hidden states entering
@@ -86,13 +97,13 @@ conversations; `d2t` / `t2d`), embedding shared with the target, weights in bflo
 |---|---|
 | parameters | {s.get('parameters', 0) / 1e6:.2f} M |
 | training | {s.get('steps')} steps × batch {c.get('batch')} × {c.get('seq_len')} tokens = {s.get('tokens')} tokens, training-time test unrolled {c.get('ttt_steps')} steps (weights {c.get('step_decay')}^j), forward KL to the target over the draft vocabulary on {loss_on}{precision}, lr {c.get('lr')} (warmup {c.get('warmup')}, cosine) |
-| training time | {s.get('seconds', 0) / 60:.1f} min at {s.get('tokens_per_second', 0):.0f} tokens/s, {s.get('torch_threads')} torch thread(s) (provisional, under load: {run.get('load', '')}) |
-| draft-vocab coverage | {s.get('draft_vocab_coverage', 0):.3f} of training tokens |
+| training time | {s.get('seconds', 0) / 60:.1f} min at {s.get('tokens_per_second', 0):.0f} tokens/s, {workers} |
+{picked}| draft-vocab coverage | {s.get('draft_vocab_coverage', 0):.3f} of training tokens |
 | top-1 agreement by unrolled step, train windows | {_f(train.get('acc', []))} |
 | top-1 agreement by unrolled step, held-out conversations | {_f(held.get('acc', []))} |
 | chain estimate of τ (held-out) | {est.get('heldout', float('nan')):.2f} |
 {answers}| greedy calibration | T = {s.get('greedy_score_temperature')} ranks greedy requests' tree nodes (ranking only, lossless) |
-| machine | {run.get('cpu', '')}; load {run.get('load', '')} |
+| machine | {machine}; load {run.get('load', '')} |
 
 ## Data: self-distillation on prompts the project writes
 
