@@ -72,7 +72,7 @@ def render(head: Path, corpus: dict[str, Any], tau: dict[str, Any]) -> str:
     precision = (" under bfloat16 autocast (`--autocast bfloat16`; the target's features in "
                  "float32)" if c.get("autocast") == "bfloat16" else "")
     on_gpu = str(s.get("device", "cpu")).startswith("cuda")
-    where = f"a {s.get('device_name')} GPU" if on_gpu else "CPU"
+    where = f"one {s.get('device_name')} GPU" if on_gpu else "CPU"
     workers = (f"on {s.get('device_name')}" if on_gpu else
                f"{s.get('torch_threads')} torch thread(s) (provisional, under load: "
                f"{run.get('load', '')})")
