@@ -50,7 +50,7 @@ import torch
 
 from workbench.engine import affinity, contention
 from workbench.machine import cpu_flags, cpu_model
-from workbench.models.gemm import gemm_ops, onednn_ok, prepare_weight
+from workbench.models.gemm import gemm_pass, onednn_ok, prepared_gemms
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -266,35 +266,14 @@ def time_gemm_paths(target: Any, candidates: tuple[str, ...], shapes: Mapping[st
     candidate reads them) at each row count M of ``shapes``: the candidates take turns
     (:func:`interleaved_min_ms`), so a busy stretch of a shared machine hits them alike."""
     weights = _gemm_weights(target)
-    prepared = {c: [(k, prepare_weight(w.detach(), c), b) for k, w, b in weights]
-                for c in candidates}
+    prepared = {c: prepared_gemms(weights, c) for c in candidates}
+    dt = weights[0][1].dtype  # the model's (bf16 GEMMs take bf16 activations)
     per = budget_s / max(1, len(shapes))
     out: dict[str, dict[str, float]] = {c: {} for c in candidates}
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for label, m in shapes.items():
-            xs: dict[int, torch.Tensor] = {}
-            dt = weights[0][1].dtype  # the model's (bf16 GEMMs take bf16 activations)
-            for _, w, _ in weights:
-                xs.setdefault(w.shape[1], torch.randn(m, w.shape[1], generator=gen).to(dt))
-            res = {n: torch.randn(m, n, generator=gen).to(dt)
-                   for n in {w.shape[0] for _, w, _ in weights}}
-            passes: dict[str, Callable[[], None]] = {}
-            for c in candidates:
-                lin, lin_add = gemm_ops(c)
-                ws = prepared[c]
-
-                def one_pass(lin: Any = lin, lin_add: Any = lin_add, ws: Any = ws,
-                             xs: dict[int, torch.Tensor] = xs,
-                             res: dict[int, torch.Tensor] = res) -> None:
-                    for (kind, w, b), (_, dw, _) in zip(ws, weights, strict=True):
-                        x = xs[dw.shape[1]]
-                        if kind == "add":
-                            lin_add(x, w, res[dw.shape[0]])
-                        else:
-                            lin(x, w, b)
-
-                passes[c] = one_pass
+            passes = {c: gemm_pass(prepared[c], c, m, dt, gen) for c in candidates}
             for c, ms in interleaved_min_ms(passes, per).items():
                 out[c][label] = ms
     return out

@@ -12,7 +12,7 @@ Measured, cached and provisional under load like every choice of ``engine/autotu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +28,7 @@ from workbench.engine.autotune import (
     measured_conditions,
     pick,
 )
-from workbench.models.gemm import FLOORS, gemm_ops, onednn_ok, prepare_weight
+from workbench.models.gemm import FLOORS, gemm_pass, onednn_ok, prepared_gemms
 
 if TYPE_CHECKING:
     from workbench.engine.runner import ModelRunner
@@ -39,27 +39,10 @@ def time_row_counts(target: Any, counts: tuple[int, ...], budget_s: float
     """Least ms of one pass over all the target's GEMMs as it runs them (its prepared weights,
     its GEMM path, no floor) at each row count of ``counts``, the counts taking turns."""
     weights = _gemm_weights(target)
-    prepared = [(k, prepare_weight(w.detach(), target.gemm), b) for k, w, b in weights]
-    lin, lin_add = gemm_ops(target.gemm)
+    prepared = prepared_gemms(weights, target.gemm)
     gen = torch.Generator().manual_seed(0)
     dt = weights[0][1].dtype
-    passes: dict[str, Callable[[], None]] = {}
-    for m in counts:
-        xs: dict[int, torch.Tensor] = {}
-        for _, w, _ in weights:
-            xs.setdefault(w.shape[1], torch.randn(m, w.shape[1], generator=gen).to(dt))
-        res = {n: torch.randn(m, n, generator=gen).to(dt) for n in {w.shape[0] for _, w, _ in
-                                                                     weights}}
-
-        def one_pass(xs: dict[int, torch.Tensor] = xs, res: dict[int, torch.Tensor] = res
-                     ) -> None:
-            for (kind, w, b), (_, dw, _) in zip(prepared, weights, strict=True):
-                if kind == "add":
-                    lin_add(xs[dw.shape[1]], w, res[dw.shape[0]])
-                else:
-                    lin(xs[dw.shape[1]], w, b)
-
-        passes[f"M={m}"] = one_pass
+    passes = {f"M={m}": gemm_pass(prepared, target.gemm, m, dt, gen) for m in counts}
     with torch.inference_mode():
         return interleaved_min_ms(passes, budget_s)
 
@@ -127,28 +110,15 @@ def time_draft_dtypes(draft: Any, same_gemm: str, budget_s: float
     """Least ms of one pass over a draft step's GEMMs at each row count of
     :data:`DRAFT_SHAPES`: ``same`` (the parameters' dtype on ``same_gemm``) against
     ``bfloat16`` (oneDNN-packed bf16 copies), taking turns."""
-    weights = [(k, w.detach()) for k, w in _draft_weights(draft)]
+    weights = [(k, w.detach(), None) for k, w in _draft_weights(draft)]
     cands = {"same": (same_gemm, weights[0][1].dtype), "bfloat16": ("onednn", torch.bfloat16)}
+    prepared = {c: prepared_gemms([(k, w.to(dt), b) for k, w, b in weights], gemm)
+                for c, (gemm, dt) in cands.items()}
     gen = torch.Generator().manual_seed(0)
     out: dict[str, dict[str, float]] = {c: {} for c in cands}
     for label, m in DRAFT_SHAPES.items():
-        passes: dict[str, Callable[[], None]] = {}
-        for c, (gemm, dt) in cands.items():
-            lin, lin_add = gemm_ops(gemm)
-            ws = [(k, prepare_weight(w.to(dt), gemm), w.shape) for k, w in weights]
-            xs = {shape[1]: torch.randn(m, shape[1], generator=gen).to(dt) for _, _, shape in ws}
-            res = {shape[0]: torch.randn(m, shape[0], generator=gen).to(dt) for _, _, shape in ws}
-
-            def one_pass(lin: Any = lin, lin_add: Any = lin_add, ws: Any = ws,
-                         xs: dict[int, torch.Tensor] = xs,
-                         res: dict[int, torch.Tensor] = res) -> None:
-                for kind, w, shape in ws:
-                    if kind == "add":
-                        lin_add(xs[shape[1]], w, res[shape[0]])
-                    else:
-                        lin(xs[shape[1]], w, None)
-
-            passes[c] = one_pass
+        passes = {c: gemm_pass(prepared[c], gemm, m, dt, gen)
+                  for c, (gemm, dt) in cands.items()}
         with torch.inference_mode():
             for c, ms in interleaved_min_ms(passes, budget_s / len(DRAFT_SHAPES)).items():
                 out[c][label] = ms

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -159,3 +160,36 @@ def gemm_ops(gemm: str, floor: int = 1) -> tuple[Linear, LinearAdd]:
 def prepare_weight(w: torch.Tensor, gemm: str) -> torch.Tensor:
     """The weight as ``gemm_ops(gemm)`` reads it: a packed copy (onednn) or ``w`` itself."""
     return pack(w) if gemm == "onednn" else w
+
+
+GemmList = list[tuple[str, Any, Any, tuple[int, int]]]  # (kind, weight as read, bias, (out, in))
+
+
+def gemm_pass(gemms: GemmList, gemm: str, m: int, dtype: torch.dtype,
+              gen: torch.Generator) -> Callable[[], None]:
+    """One pass over ``gemms`` at ``m`` rows through path ``gemm``'s ops: random inputs per
+    input width and residuals per output width (``dtype``), drawn once, reused by every call.
+    The engine's autotune timings (GEMM path, row floor, draft dtype) all time this pass."""
+    lin, lin_add = gemm_ops(gemm)
+    xs: dict[int, torch.Tensor] = {}
+    res: dict[int, torch.Tensor] = {}
+    for _, _, _, (n_out, n_in) in gemms:
+        xs.setdefault(n_in, torch.randn(m, n_in, generator=gen, device=gen.device).to(dtype))
+        res.setdefault(n_out, torch.randn(m, n_out, generator=gen, device=gen.device).to(dtype))
+
+    def one_pass() -> None:
+        for kind, w, b, (n_out, n_in) in gemms:
+            if kind == "add":
+                lin_add(xs[n_in], w, res[n_out])
+            else:
+                lin(xs[n_in], w, b)
+
+    return one_pass
+
+
+def prepared_gemms(weights: list[tuple[str, torch.Tensor, torch.Tensor | None]],
+                   gemm: str) -> GemmList:
+    """``weights`` ((kind, dense weight, bias), as :func:`_gemm_weights`) prepared for path
+    ``gemm``, each with its (out, in) shape."""
+    return [(k, prepare_weight(w.detach(), gemm), b, (w.shape[0], w.shape[1]))
+            for k, w, b in weights]
