@@ -82,6 +82,9 @@ def render(head: Path, corpus: dict[str, Any], tau: dict[str, Any]) -> str:
         picked = (f"| exported | step {s.get('exported_step')} of {s.get('steps')}: the best "
                   f"chain estimate on held-out answers, scored every {c.get('eval_every')} "
                   f"steps (`--eval-every`) |\n")
+    if c.get("init_from"):
+        picked += (f"| started from | the head in `{c['init_from']}` (`--init-from`; `run.json` "
+                   f"says which run made it) |\n")
     hist_rows = "\n".join(f"| {h['step']} | {h['loss']:.3f} | {_f(h['acc'])} | "
                           f"{h['seconds'] / 60:.1f} |" for h in hist)
     return f"""# smollm2-eagle3 — an EAGLE-3 head for SmolLM2-135M-Instruct, trained on {where}
