@@ -99,3 +99,16 @@ def small_engine(target: Path, head: Path) -> Iterator[Any]:
         yield e
     finally:
         e.close()
+
+
+def micro_draft_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> Any:
+    """A ``DraftTrainConfig`` for a micro target: 60 steps of 4 × 48 tokens, 128 draft ids,
+    outputs under ``tmp``; ``kw`` overrides any field."""
+    from workbench.train.eagle3 import DraftTrainConfig
+
+    settings: dict[str, Any] = dict(
+        target=str(target), out=str(tmp / "head"), work=str(tmp / "work"), corpus=str(corpus),
+        draft_vocab_size=128, steps=60, batch=4, seq_len=48, lr=3e-3, warmup=5, ttt_steps=5,
+        regenerate=False, eval_batches=2, ckpt_every=20, threads=1)
+    settings.update(kw)
+    return DraftTrainConfig(**settings)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import micro_draft_cfg
 from safetensors import safe_open
 
 from workbench.errors import ConfigError
@@ -17,12 +18,8 @@ VD = 128
 
 
 def micro_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> DraftTrainConfig:
-    settings: dict[str, Any] = dict(
-        target=str(target), out=str(tmp / "head"), work=str(tmp / "work"), corpus=str(corpus),
-        draft_vocab_size=VD, steps=6, batch=4, seq_len=48, lr=3e-3, warmup=2, ttt_steps=5,
-        regenerate=False, eval_batches=1, ckpt_every=3, threads=1)
-    settings.update(kw)
-    return DraftTrainConfig(**settings)
+    short = dict(steps=6, warmup=2, eval_batches=1, ckpt_every=3)
+    return micro_draft_cfg(tmp, target, corpus, **{**short, **kw})
 
 
 def tensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers import write_random_llama
+from helpers import micro_draft_cfg, write_random_llama
 from safetensors import safe_open
 
 from workbench.errors import ConfigError
@@ -31,12 +31,7 @@ VD = 128
 
 
 def micro_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> DraftTrainConfig:
-    settings: dict[str, Any] = dict(
-        target=str(target), out=str(tmp / "head"), work=str(tmp / "work"), corpus=str(corpus),
-        draft_vocab_size=VD, steps=60, batch=4, seq_len=48, lr=3e-3, warmup=5, ttt_steps=5,
-        regenerate=False, eval_batches=2, ckpt_every=20, threads=1)
-    settings.update(kw)
-    return DraftTrainConfig(**settings)
+    return micro_draft_cfg(tmp, target, corpus, **kw)
 
 
 @pytest.fixture(scope="module")
