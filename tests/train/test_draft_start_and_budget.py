@@ -53,9 +53,13 @@ def test_init_from_refuses_another_geometry(tmp_path: Path, micro_target: Path,
     with pytest.raises(ConfigError, match="init_from.*d2t|init_from.*shape"):
         train_draft(micro_cfg(tmp_path / "b", micro_target, tiny_corpus,
                               init_from=str(tmp_path / "a" / "head")))
-    with pytest.raises(ConfigError, match="no_such_head"):
+    with pytest.raises(ConfigError, match="init_from: .*no_such_head"):
         train_draft(micro_cfg(tmp_path / "c", micro_target, tiny_corpus,
                               init_from=str(tmp_path / "no_such_head")))
+    (tmp_path / "empty_head").mkdir()
+    with pytest.raises(ConfigError, match="init_from: .*empty_head.*model.safetensors"):
+        train_draft(micro_cfg(tmp_path / "d", micro_target, tiny_corpus,
+                              init_from=str(tmp_path / "empty_head")))
 
 
 def test_time_budget_cuts_the_steps_after_the_probe(tmp_path: Path, micro_target: Path,

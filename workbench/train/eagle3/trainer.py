@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from workbench.errors import ConfigError
+from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.loader import (
     Target,
@@ -78,8 +78,10 @@ def _device(cfg: DraftTrainConfig) -> torch.device:
 
 def _init_from(draft: torch.nn.Module, folder: str) -> None:
     """Load the head weights and draft vocabulary of the exported head in ``folder``."""
-    path = resolve_path(folder)
-    tensors = read_safetensors(path)
+    try:
+        tensors = read_safetensors(resolve_path(folder))
+    except (ConfigError, CheckpointError) as e:
+        raise ConfigError(f"init_from: {e}") from e
     own = head_state(draft)
     extra = sorted(set(tensors) - set(own))
     missing = sorted(k for k in set(own) - set(tensors) if not k.startswith("rotary."))
