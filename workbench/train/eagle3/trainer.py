@@ -159,12 +159,19 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     budget_steps = None
     warm_at = None  # (step, seconds) once the warm steps are done
     window: list[tuple[float, list[float]]] = []
-    if cfg.eval_every and cfg.init_from and step == 0:  # the head it starts from competes
+
+    def score(at: int, best: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Score the head on the held-out rows at step ``at``; the new best, or ``best``."""
         ev = evaluate(draft, target, aux, sel_windows, cfg, sel_weights)
         est = est_accept_length(ev["acc"])
-        selection.append({"step": 0, "acc": ev["acc"], "est_accept_length_chain": est})
-        best = {"step": 0, "est": est,
+        selection.append({"step": at, "acc": ev["acc"], "est_accept_length_chain": est})
+        if best is not None and est <= best["est"]:
+            return best
+        return {"step": at, "est": est,
                 "model": {k: v.detach().clone() for k, v in head_state(draft).items()}}
+
+    if cfg.eval_every and cfg.init_from and step == 0:  # the head it starts from competes
+        best = score(0, best)
     draft.train()
     while step < cfg.steps:
         t0 = time.perf_counter()
@@ -202,12 +209,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
         bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{acc[0].item():.3f}",
                         tok_s=f"{run_tok_s:.0f}")  # the bar itself shows elapsed<ETA
         if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-            ev = evaluate(draft, target, aux, sel_windows, cfg, sel_weights)
-            est = est_accept_length(ev["acc"])
-            selection.append({"step": step, "acc": ev["acc"], "est_accept_length_chain": est})
-            if best is None or est > best["est"]:
-                best = {"step": step, "est": est,
-                        "model": {k: v.detach().clone() for k, v in head_state(draft).items()}}
+            best = score(step, best)
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             history.append({"step": step, "loss": float(np.mean([w[0] for w in window])),
                             "acc": np.mean([w[1] for w in window], axis=0).tolist(),
