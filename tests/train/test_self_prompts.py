@@ -153,3 +153,53 @@ def test_translation_languages_are_the_template_prompts_languages() -> None:
     from workbench.train import real_prompts, self_prompts
 
     assert self_prompts.LANGS == real_prompts.LANGS
+
+
+def test_transformers_backend_writes_the_same_records_and_the_engines_greedy_answers(
+        tmp_path: Path) -> None:
+    """The transformers backend (the GPU path, here on the CPU) keeps prompts by the same rules
+    and answers each with the target's greedy answer: the engine's, token for token."""
+    import workbench as wb
+
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    out = tmp_path / "out"
+    r = self_distill(str(TOY), prompts, out, 6, 8, 24, 8, 1, backend="transformers")
+    assert r["conversations"] == 6 and r["backend"] == "transformers"
+    recs = read_prompts(out / "self_prompts.jsonl")
+    convs = [json.loads(x) for x in (out / "conversations.jsonl").read_text().splitlines()]
+    assert [c["id"] for c in convs] == [x["id"] for x in recs]
+    banned = banned_sources(prompts / "heldout.jsonl")
+    assert not any(banned.search(x["prompt"]) for x in recs)
+    engine = wb.Engine.from_pretrained(str(TOY), config=wb.EngineConfig(threads=1))
+    try:
+        for c in convs:
+            p = [t for t, m in zip(c["ids"], c["mask"], strict=True) if m == 0]
+            a = [t for t, m in zip(c["ids"], c["mask"], strict=True) if m == 1]
+            want = engine.generate([p], wb.SamplingParams(max_new_tokens=8))[0].token_ids
+            assert a == list(want), c["id"]
+    finally:
+        engine.close()
+
+
+def test_a_bad_backend_device_or_time_limit_is_refused_naming_the_field(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    with pytest.raises(ConfigError, match="backend"):
+        self_distill(str(TOY), prompts, tmp_path / "o", 2, 4, 8, 4, 1, backend="vllm")
+    with pytest.raises(ConfigError, match="time_limit"):
+        self_distill(str(TOY), prompts, tmp_path / "o", 2, 4, 8, 4, 1, time_limit=0)
+    with pytest.raises(ConfigError, match="device"):
+        self_distill(str(TOY), prompts, tmp_path / "o", 2, 4, 8, 4, 1, backend="transformers",
+                     device="tpu:9")
+
+
+def test_a_time_limit_stops_starting_batches(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    shutil.copy(HELDOUT, prompts / "heldout.jsonl")
+    r = self_distill(str(TOY), prompts, tmp_path / "o", 1000, 4, 24, 8, 1, time_limit=1e-9)
+    # the clock starts before the target loads: no batch starts, and the state says so
+    assert r["conversations"] == 0 and r["sampled_turns"] == 0

@@ -302,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--batch", type=int, default=32)
     s.add_argument("--threads", type=int, default=0)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--backend", default="engine", choices=("engine", "transformers"),
+                   help="what writes the turns: the workbench engine, or transformers' generate")
+    s.add_argument("--device", default="cpu", help="where the backend runs (cuda for a GPU)")
+    s.add_argument("--time-limit", type=float, default=None,
+                   help="seconds: no batch starts after them (the run stops short of the total)")
     k = sub.add_parser("pack", help="conversations.jsonl -> corpus.npz for train-draft")
     k.add_argument("--out", default="data/work/real-distill")
     ns = ap.parse_args(argv)
@@ -318,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(self_distill(ns.model, Path(ns.prompts), Path(ns.out),
                                       ns.conversations, ns.max_new_tokens, ns.prompt_tokens,
-                                      ns.batch, ns.threads, ns.seed)))
+                                      ns.batch, ns.threads, ns.seed, ns.backend,
+                                      ns.device, ns.time_limit)))
         return 0
     from workbench.train.distill import distill
 

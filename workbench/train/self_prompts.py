@@ -102,18 +102,24 @@ def derive(kind: str, text: str, steer: str, rng: random.Random) -> tuple[str, s
 
 def self_distill(model: str, prompts: Path, out: Path, conversations: int,
                  max_new_tokens: int, prompt_tokens: int, batch: int, threads: int,
-                 seed: int = 0, temperature: float = 0.9) -> dict[str, Any]:
+                 seed: int = 0, backend: str = "engine", device: str = "cpu",
+                 time_limit: float | None = None) -> dict[str, Any]:
     """Append ``conversations`` self-prompted conversations (categories in turn) to
     ``out/conversations.jsonl`` and their prompt records to ``out/self_prompts.jsonl``;
-    resumable (a rerun continues from the batches ``out/self_state.json`` records). Returns
-    counts (``new`` includes the prompts built from kept ones), the share of sampled turns
-    kept, and seconds."""
+    resumable (a rerun continues from the batches ``out/self_state.json`` records). The turns
+    are written by ``backend`` on ``device`` (``workbench.train.turns``). With ``time_limit``
+    (seconds), no batch starts after it has passed. Returns counts (``new`` includes the
+    prompts built from kept ones), the share of sampled turns kept, and seconds."""
     from tqdm.auto import tqdm
 
-    import workbench as wb
+    from workbench.train.turns import BACKENDS, open_turns
 
     if conversations < 1 or batch < 1:
         raise ConfigError(f"conversations and batch must be >= 1, got {conversations}, {batch}")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise ConfigError(f"time_limit: expected seconds > 0, got {time_limit!r}")
     banned = banned_sources(prompts / "heldout.jsonl")
     out.mkdir(parents=True, exist_ok=True)
     conv, recs, state_f = (out / "conversations.jsonl", out / "self_prompts.jsonl",
@@ -139,31 +145,28 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     close = tail.strip() or tail
     end = tok.convert_tokens_to_ids(close) if close in tok.get_vocab() else None
     stop = {"stop_token_ids": (end,)} if end is not None else {"stop": (close,)}
-    engine = wb.Engine.from_pretrained(model, config=wb.EngineConfig(
-        max_batch_size=batch, kv_budget_tokens=batch * 1024, max_prefill_tokens=4096,
-        threads=threads))
     t0 = time.perf_counter()
+    turns_gen = open_turns(backend, model, batch, threads, device)
     sampled = kept = kept_turns = tokens = barren = 0
     bar = tqdm(total=conversations, initial=min(have, conversations), desc="self-distill",
                unit="conv")
     try:
-        while have < conversations:
+        while have < conversations and (time_limit is None or
+                                        time.perf_counter() - t0 < time_limit):
             b = state["batches"]
             rng = random.Random(f"{seed}:{b}")
             kinds = [SAMPLED[(b * batch + i) % len(SAMPLED)] for i in range(batch)]
             steers = [rng.choice(STEERS[k]) for k in kinds]
             ids = [tok(head + s, add_special_tokens=False)["input_ids"] for s in steers]
             limit = [prompt_tokens * (2 if k in PASSAGE_KINDS else 1) for k in kinds]
-            turns = engine.generate(ids, [wb.SamplingParams(
-                max_new_tokens=n, temperature=temperature, top_p=0.95,
-                seed=(seed * 1_000_003 + b) * 1024 + i, **stop)
-                for i, n in enumerate(limit)])
+            turns = turns_gen.sample(ids, limit, seed * 1_000_003 + b, stop)
             rows = []
-            for i, (k, s, o) in enumerate(zip(kinds, steers, turns, strict=True)):
+            for i, (k, s, (toks, finished)) in enumerate(zip(kinds, steers, turns,
+                                                             strict=True)):
                 sampled += 1
-                body = tok.decode([t for t in o.token_ids if t != end],
+                body = tok.decode([t for t in toks if t != end],
                                   skip_special_tokens=True).removesuffix(close)
-                text = keep(k, s, body, o.finish_reason == "stop", banned, seen)
+                text = keep(k, s, body, finished, banned, seen)
                 if text is None:
                     continue
                 rows.append({"id": f"self:{k}:{seed}:{b}:{i}", "kind": k, "prompt": text,
@@ -178,11 +181,9 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
             if ask:
                 msgs = [[{"role": "user", "content": r["prompt"]}] for r in ask]
                 prompt_ids = [ct.ids(m) for m in msgs]
-                answers = engine.generate(prompt_ids,
-                                          wb.SamplingParams(max_new_tokens=max_new_tokens))
+                answers = turns_gen.greedy(prompt_ids, max_new_tokens)
                 with open(conv, "a") as f:
                     for r, m, p, a in zip(ask, msgs, prompt_ids, answers, strict=True):
-                        a = list(a.token_ids)
                         m = m + [{"role": "assistant", "content": ct.decode(a)}]
                         f.write(json.dumps({"id": r["id"], "kind": r["kind"], "ids": p + a,
                                             "mask": [0] * len(p) + [1] * len(a),
@@ -206,8 +207,9 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
             bar.update(len(rows))
     finally:
         bar.close()
-        engine.close()
-    return {"conversations": have, "new": kept, "sampled_turns": sampled,
+        turns_gen.close()
+    return {"conversations": have, "new": kept, "sampled_turns": sampled, "backend": backend,
+            "device": device,
             "kept_share": round(kept_turns / sampled, 3) if sampled else None,
             "tokens": tokens,
             "seconds": round(time.perf_counter() - t0, 1)}
