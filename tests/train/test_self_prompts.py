@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from workbench.errors import ConfigError
 from workbench.train.distill import read_prompts
@@ -165,8 +166,10 @@ def test_transformers_backend_writes_the_same_records_and_the_engines_greedy_ans
     prompts.mkdir()
     shutil.copy(HELDOUT, prompts / "heldout.jsonl")
     out = tmp_path / "out"
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     r = self_distill(str(TOY), prompts, out, 6, 8, 24, 8, 1, backend="transformers")
     assert r["conversations"] == 6 and r["backend"] == "transformers"
+    assert torch.backends.cuda.matmul.allow_tf32 == tf32  # switched off only while it ran
     recs = read_prompts(out / "self_prompts.jsonl")
     convs = [json.loads(x) for x in (out / "conversations.jsonl").read_text().splitlines()]
     assert [c["id"] for c in convs] == [x["id"] for x in recs]

@@ -84,9 +84,6 @@ class TransformersTurns:
             raise ConfigError(f"device: {device!r} is not a torch device ({e})") from e
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device: {device!r} asked for, but this torch sees no CUDA GPU")
-        if dev.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
         src, kw = transformers_source(model)
         self.model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
                                                           **kw).to(dev).eval()
@@ -96,6 +93,10 @@ class TransformersTurns:
         self.eos = tuple(eos)
         self.tok = load_tokenizer(resolve_path(model))
         self.batch, self.dev = batch, dev
+        # last, once nothing can fail: TF32 off while this backend lives (float32 as the
+        # target's own; close restores it)
+        self._tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
     def _generate(self, ids: list[list[int]], max_new: int, stop: tuple[int, ...],
                   sample: bool, seed: int) -> list[list[int]]:
@@ -131,21 +132,20 @@ class TransformersTurns:
 
     def sample(self, ids: list[list[int]], limits: list[int], seed: int,
                stop: dict[str, tuple]) -> list[tuple[list[int], bool]]:
-        stop_ids = tuple(stop.get("stop_token_ids", ()))
+        # as the engine: the stop ids and the end-of-sequence ids end a turn
+        halt = tuple(dict.fromkeys(tuple(stop.get("stop_token_ids", ())) + self.eos))
         texts = tuple(stop.get("stop", ()))
         res: list[tuple[list[int], bool]] = [([], False)] * len(ids)
         for n in sorted(set(limits)):  # one generate per limit: a short row is not run long
             rows = [i for i, m in enumerate(limits) if m == n]
-            got = self._generate([ids[i] for i in rows], n, stop_ids or self.eos, True,
-                                 seed * 4099 + n)
+            got = self._generate([ids[i] for i in rows], n, halt, True, seed * 4099 + n)
             for i, t in zip(rows, got, strict=True):
-                if stop_ids:
-                    res[i] = (t, bool(t) and t[-1] in stop_ids)
-                    continue
-                # a text stop: the first token whose text completes it (as the engine cuts)
+                # a text stop ends at the first token whose text completes it
                 cut = next((j + 1 for j in range(len(t))
                             if any(x in self.tok.decode(t[:j + 1]) for x in texts)), None)
-                res[i] = (t, False) if cut is None else (t[:cut], True)
+                if cut is not None:
+                    t = t[:cut]
+                res[i] = (t, cut is not None or (bool(t) and t[-1] in halt))
         return res
 
     def greedy(self, ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
@@ -153,6 +153,7 @@ class TransformersTurns:
 
     def close(self) -> None:
         del self.model
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._tf32
         if self.dev.type == "cuda":
             torch.cuda.empty_cache()
 
