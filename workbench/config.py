@@ -106,6 +106,20 @@ class EngineConfig:
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
+def usable_device(name: str) -> Any:
+    """``name`` as a ``torch.device`` this process can use; refused naming ``device`` when it is
+    not a torch device, or names CUDA and this torch sees no CUDA device."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ConfigError(f"device: {name!r} is not a torch device ({e})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device: {name!r}, but this torch sees no CUDA device")
+    return dev
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

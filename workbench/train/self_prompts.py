@@ -146,7 +146,7 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     end = tok.convert_tokens_to_ids(close) if close in tok.get_vocab() else None
     stop = {"stop_token_ids": (end,)} if end is not None else {"stop": (close,)}
     t0 = time.perf_counter()
-    turns_gen = open_turns(backend, model, batch, threads, device)
+    turns_gen = open_turns(backend, model, batch, threads, device, tok)
     sampled = kept = kept_turns = tokens = barren = 0
     bar = tqdm(total=conversations, initial=min(have, conversations), desc="self-distill",
                unit="conv")

@@ -21,7 +21,7 @@ train the head alike: the trainer recomputes the target's features from the toke
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -72,18 +72,14 @@ class TransformersTurns:
     ``device``; rows go through ``generate`` ``batch`` at a time, grouped by length and left
     padded."""
 
-    def __init__(self, model: str, batch: int, device: str) -> None:
+    def __init__(self, model: str, batch: int, device: str, tok: Any) -> None:
         from transformers import AutoModelForCausalLM
 
+        from workbench.config import usable_device
         from workbench.models.config import ModelConfig
-        from workbench.models.loader import load_tokenizer, resolve_path, transformers_source
+        from workbench.models.loader import resolve_path, transformers_source
 
-        try:
-            dev = torch.device(device)
-        except RuntimeError as e:
-            raise ConfigError(f"device: {device!r} is not a torch device ({e})") from e
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device: {device!r} asked for, but this torch sees no CUDA GPU")
+        dev = usable_device(device)
         src, kw = transformers_source(model)
         self.model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32,
                                                           **kw).to(dev).eval()
@@ -91,7 +87,7 @@ class TransformersTurns:
         if not eos:
             raise ConfigError(f"model {model!r}: its config names no eos_token_id")
         self.eos = tuple(eos)
-        self.tok = load_tokenizer(resolve_path(model))
+        self.tok = tok  # the caller's: text stops are read through it
         self.batch, self.dev = batch, dev
         # last, once nothing can fail: TF32 off while this backend lives (float32 as the
         # target's own; close restores it)
@@ -158,10 +154,12 @@ class TransformersTurns:
             torch.cuda.empty_cache()
 
 
-def open_turns(backend: str, model: str | Path, batch: int, threads: int,
-               device: str) -> Turns:
+def open_turns(backend: str, model: str | Path, batch: int, threads: int, device: str,
+               tok: Any) -> Turns:
+    """``backend`` on ``device``; ``tok`` is the target's tokenizer (the caller's, loaded
+    once)."""
     if backend == "engine":
         return EngineTurns(str(model), batch, threads, device)
     if backend == "transformers":
-        return TransformersTurns(str(model), batch, device)
+        return TransformersTurns(str(model), batch, device, tok)
     raise ConfigError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")

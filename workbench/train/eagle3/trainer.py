@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from workbench.config import usable_device
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.loader import (
@@ -69,13 +70,6 @@ def _check_resume(state: dict[str, Any], cfg: DraftTrainConfig, ckpt: Path) -> N
                               f"{getattr(cfg, f)!r}; use another work folder or delete it")
 
 
-def _device(cfg: DraftTrainConfig) -> torch.device:
-    dev = torch.device(cfg.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: {cfg.device!r}, but this torch sees no CUDA device")
-    return dev
-
-
 def _init_from(draft: torch.nn.Module, folder: str) -> None:
     """Load the head weights and draft vocabulary of the exported head in ``folder``."""
     try:
@@ -112,7 +106,7 @@ def train_draft(cfg: DraftTrainConfig) -> dict[str, Any]:
     summary also written to ``<out>/training_summary.json``."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    dev = _device(cfg)
+    dev = usable_device(cfg.device)
     torch.manual_seed(cfg.seed)
     # 1. Target, features to tap, data (corpus + regenerated windows), draft vocabulary.
     target, mcfg, folder = _load_target_checked(cfg)
