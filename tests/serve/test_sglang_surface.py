@@ -164,7 +164,7 @@ def test_prefill_only_scores_the_prompt(http, server) -> None:
     assert server.wait_idle() and server.kv_usage()["used_blocks"] == 0
 
 
-def test_abort_request_by_rid_prefix(http, server) -> None:
+def test_abort_request_by_batch_rid(http, server) -> None:
     got: dict[str, object] = {}
 
     def run() -> None:
@@ -275,4 +275,4 @@ def test_rids_taken_during_admission_abort_the_newcomers() -> None:
     with pytest.raises(HTTPError) as e:
         live.add(["b", "a"], [new1, new2], aborted.append)  # type: ignore[list-item]
     assert e.value.field == "rid" and aborted == [new1, new2]
-    assert live.matching("") == [old]
+    assert live.matching("a") == [old] and live.matching("") == []

@@ -20,10 +20,12 @@
 - ``GET /tokenizer_info``: vLLM's route (SGLang 0.5.23 serves none): the tokenizer's settings
   (its ``init_kwargs`` without file paths, added tokens as their text), ``tokenizer_class``,
   ``chat_template`` (:func:`tokenizer_info`);
-- ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts every live ``/generate`` request whose
-  id starts with ``rid`` (upstream's scheduler matches by prefix, so a batch's ``rid`` aborts its
-  ``"<rid>_<i>"`` items), or every live request of any route with ``abort_all``; an empty rid
-  without ``abort_all`` aborts nothing (as upstream). 200 with an empty body; the aborted
+- ``POST /abort_request`` ``{"rid", "abort_all"}``: aborts the live ``/generate`` request whose
+  id is ``rid``, or the items (``"<rid>_<i>"``) of the live batch that ``rid`` named, or every
+  live request of any route with ``abort_all``; any other rid, a prefix of a live id included,
+  aborts nothing (upstream's tokenizer manager returns unless the rid is live; its scheduler's
+  prefix match only reaches a batch's items), and neither does an empty rid without
+  ``abort_all`` (as upstream). 200 with an empty body; the aborted
   requests answer ``finish_reason {"type": "abort"}``.
 """
 
@@ -127,18 +129,25 @@ class LiveRids:
 
     def __init__(self) -> None:
         self._tickets: dict[str, Ticket] = {}
+        self._batches: dict[str, list[str]] = {}  # a batch's rid → its items' live ids
 
-    def add(self, rids: list[str], tickets: list[Ticket], abort: Callable[[Ticket], None]) -> None:
+    def add(self, rids: list[str], tickets: list[Ticket], abort: Callable[[Ticket], None],
+            batch: str | None = None) -> None:
         """Register admitted requests under their ids, all or none: if an id was taken while
         they were being admitted (a concurrent request with the same rid), every one of them is
-        aborted and the 400 names ``rid``."""
+        aborted and the 400 names ``rid``. ``batch``: the rid a batched request named (its
+        items are ``"<batch>_<i>"``), which then aborts them."""
         try:
             self.check_free(rids)
+            if batch is not None and batch in self._batches:
+                raise HTTPError(f"rid: {batch!r} is already in use by a live batch", "rid")
         except HTTPError:
             for t in tickets:
                 abort(t)
             raise
         self._tickets.update(zip(rids, tickets, strict=True))
+        if batch is not None:
+            self._batches[batch] = list(rids)
 
     def check_free(self, rids: list[str]) -> None:
         if len(set(rids)) != len(rids):
@@ -151,8 +160,14 @@ class LiveRids:
         if self._tickets.get(rid) is ticket:
             del self._tickets[rid]
 
-    def matching(self, prefix: str) -> list[Ticket]:
-        return [t for r, t in list(self._tickets.items()) if r.startswith(prefix)]
+    def remove_batch(self, batch: str, rids: list[str]) -> None:
+        if self._batches.get(batch) == rids:
+            del self._batches[batch]
+
+    def matching(self, rid: str) -> list[Ticket]:
+        """The live request with id ``rid``, or the live items of the batch ``rid`` named."""
+        ids = [rid, *self._batches.get(rid, [])]
+        return [t for r in ids if (t := self._tickets.get(r)) is not None]
 
 
 def add_admin_routes(app: FastAPI, st: ServeState, body_of: Callable[[Any], Any],

@@ -124,7 +124,8 @@ def add_sglang_routes(app: FastAPI, st: ServeState,
         raw = await body_of(request)
         items = split_generate(raw)
         if items is not None:
-            return await generate_batch(request, st, live, items, t0, response_body)
+            batch = raw.get("rid") if isinstance(raw.get("rid"), str) else None
+            return await generate_batch(request, st, live, items, t0, response_body, batch)
         parsed = parse_generate(raw)
         incremental = parsed.stream and limits.incremental_streaming
         if parsed.stream and not incremental:

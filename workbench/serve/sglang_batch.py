@@ -141,9 +141,10 @@ def parse_items(items: list[tuple[dict[str, Any], dict[str, str]]]) -> list[Pars
 
 async def generate_batch(request: Any, st: ServeState, live: LiveRids,
                          items: list[tuple[dict[str, Any], dict[str, str]]], t0: float,
-                         body_for: BodyFor) -> Any:
+                         body_for: BodyFor, batch: str | None = None) -> Any:
     """Answer a batched ``/generate`` (module doc): admit every item or none, then a JSON list
-    or one event stream."""
+    or one event stream. ``batch``: the one rid the body gave (its items' ids are
+    ``"<batch>_<i>"``; ``/abort_request`` with it aborts them)."""
     loop = st.loop
     field = "text" if "text" in items[0][1] else "input_ids"
     cap = loop.fanout_cap  # a batch's items count against the share of several-choice requests
@@ -164,11 +165,13 @@ async def generate_batch(request: Any, st: ServeState, live: LiveRids,
         for ticket, _, _ in admitted:
             loop.abort(ticket)
         raise
-    live.add(rids, [t for t, _, _ in admitted], loop.abort)
+    live.add(rids, [t for t, _, _ in admitted], loop.abort, batch)
     bodies = [body_for(loop.engine, p, rid, n, t0)
               for p, rid, (_, _, n) in zip(parsed, rids, admitted, strict=True)]
 
     def release() -> None:
+        if batch is not None:
+            live.remove_batch(batch, rids)
         for rid, (ticket, _, _) in zip(rids, admitted, strict=True):
             live.remove(rid, ticket)
             loop.abort(ticket)
