@@ -7,9 +7,9 @@ one TP rank costs
                             sync), scaled by (layers + 1) for the draft head
     weights                 bytes(T) / (eta * BW): replicated + sharded dense bytes + per MoE
                             layer the distinct experts T tokens touch (uniform routing)
-    collectives             2 * layers + 1 all-reduces of T * hidden * 2 bytes: latency (fused
-                            one-shot or NCCL) + bytes * 2(n-1)/n / bus bandwidth, or the
-                            link's nccl-tests table
+    collectives             2 * layers + 1 all-reduces of T * hidden * 2 bytes, each priced
+                            by its size on the path it takes (fused, custom or NCCL:
+                            :mod:`workbench.lab.collectives`)
     attention               R * C * (KV bytes / (eta * BW) + a * layers * q): the KV read is
                             given, a (``fit.attn_ns``, ns per context token per layer per
                             query token) is the second fitted constant
@@ -28,13 +28,11 @@ queues the rest) and says so.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
-
 from workbench.errors import ConfigError
-from workbench.lab.boxspec import Geometry, capture_sizes, geometry, rules
+from workbench.lab import collectives
+from workbench.lab.boxspec import Geometry, capture_sizes, geometry, rules, weights_per_rank_gb
 
 TERMS = ("floor", "weights", "collectives", "attention", "compute_excess")
 
@@ -47,19 +45,11 @@ def coverage(g: Geometry, tokens: float) -> float:
 
 
 def allreduce_us(box: dict[str, Any], tokens: float, hidden: int) -> float:
-    """One all-reduce of ``tokens`` rows of ``hidden`` bf16 values on the box's link."""
-    link, n = box["link"], int(box["layout"]["tp"])
-    if n <= 1:
-        return 0.0
-    size = tokens * hidden * 2
-    table = link.get("table") or []
-    if table:  # nccl-tests rows (bytes, us): log-log interpolation, linear beyond
-        xs = np.log([float(r[0]) for r in table])
-        ys = np.log([float(r[1]) for r in table])
-        return float(np.exp(np.interp(math.log(max(size, 1.0)), xs, ys)))
-    fused = rules(box)["allreduce_fusion"] and tokens <= float(link.get("fused_max_tokens", 0))
-    lat = float(link["fused_allreduce_us"] if fused else link["allreduce_us"])
-    return lat + size * 2 * (n - 1) / n / (float(link["bus_gbps"]) * 1e3)
+    """One all-reduce of ``tokens`` rows of ``hidden`` bf16 values, on the path the server's
+    rules send it (:mod:`workbench.lab.collectives`: priced by message size)."""
+    r = rules(box)
+    return collectives.allreduce_us(box, tokens, hidden, r["allreduce_fusion"],
+                                    r["custom_allreduce"])
 
 
 def forward(box: dict[str, Any], tokens: float, requests: float, context: float,
@@ -110,12 +100,7 @@ def kv_requests(box: dict[str, Any], spec: bool) -> int:
         reserved = 512 + 8192 * 1.5 + rules(box)["cuda_graph_max_bs"] * 2 + tp / 8 * 1024
         reserved = max(reserved, 10 * 1024) if mib > 60 * 1024 else reserved
         reserved += 2 * 1024 if spec else 0
-        ckpt = box["model"].get("checkpoint_gb")
-        if ckpt:
-            weights = float(ckpt) * 1e9 / tp + g.replicated_bytes * (tp - 1) / tp
-        else:
-            weights = g.replicated_bytes + g.dense_bytes + \
-                g.moe_layers * g.num_experts * g.expert_bytes
+        weights = weights_per_rank_gb(box) * 1e9
         if spec:
             weights += d.replicated_bytes + d.dense_bytes
         tokens = max(0.0, (mib - reserved) * 2**20 - weights) / per_token
@@ -229,11 +214,23 @@ def what_if(box: dict[str, Any], levels: list[int] | None = None,
     return pd.DataFrame(rows)
 
 
-def crossing(box: dict[str, Any], tau: float, top: int = 256) -> int | None:
-    """The smallest concurrency where plain decoding is at least as fast (None: never up to
-    ``top``); 1 when speculation never wins."""
+def crossing(box: dict[str, Any], tau: float, top: int = 256,
+             shape: tuple[int, int, int] | None = None) -> int | None:
+    """The smallest concurrency where plain decoding (a plain server) is at least as fast
+    (None: never up to ``top``); 1 when speculation never wins."""
     for c in range(1, top + 1):
-        row = level(box, c, tau)
+        row = level(box, c, tau, shape)
         if row["plain_tok_s"] >= row["spec_tok_s"]:
+            return c
+    return None
+
+
+def crossing_one_server(box: dict[str, Any], tau: float, shape: tuple[int, int, int],
+                        top: int = 256) -> int | None:
+    """As :func:`crossing`, but with speculation turned off inside the EAGLE-3 server (its
+    cap, its overlap rule, the draft kept warm: :func:`off_level`) instead of routing to a
+    plain server beside it."""
+    for c in range(1, top + 1):
+        if off_level(box, c)["tok_s"] >= level(box, c, tau, shape)["spec_tok_s"]:
             return c
     return None

@@ -5,7 +5,7 @@ step model fits (:mod:`workbench.lab.boxmodel`).
 A box is a dict of sections (``gpu``, ``link``, ``layout``, ``model``, ``draft``, ``server``,
 ``workload``, ``fit``) plus ``provenance`` (where every given value comes from). Presets live in
 ``data/boxes/*.json``; :func:`load_box` reads one by name or path, :func:`set_field` overrides
-any field by a dotted key (``link.allreduce_us=9``), and :func:`geometry` turns the HF-style
+any field by a dotted key (``link.paths.nccl.latency_us=9``), and :func:`geometry` turns the HF-style
 ``model`` section into the bytes, KV bytes and FLOPs the step model uses.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import workbench
 from workbench.errors import ConfigError
+from workbench.lab.collectives import paths
 
 REPO_ROOT = Path(workbench.__file__).resolve().parents[1]
 BOX_DIR = REPO_ROOT / "data" / "boxes"
@@ -82,6 +83,9 @@ def rules(box: dict[str, Any]) -> dict[str, Any]:
     fused = srv.get("allreduce_fusion")
     out["allreduce_fusion"] = (box["gpu"].get("arch") in r["fusion_auto_archs"]
                                if fused is None else bool(fused))
+    custom = srv.get("custom_allreduce")  # SGLang: refused on more than two PCIe-only GPUs
+    out["custom_allreduce"] = (bool(box["link"].get("nvlink")) or int(box["layout"]["tp"]) <= 2
+                               if custom is None else bool(custom))
     out["host_ms"] = float(srv.get("host_ms", 0.0))
     out["host_ms_per_req"] = float(srv.get("host_ms_per_req", 0.0))
     return out
@@ -200,9 +204,35 @@ def check_box(box: dict[str, Any], where: str = "box") -> dict[str, Any]:
         if float(box["gpu"].get(key, 0)) <= 0:
             raise ConfigError(f"{where}: gpu.{key} must be > 0")
     rules(box)
+    paths(box["link"], int(box["layout"]["tp"]))
     geometry(box)
     geometry(box, "draft")
+    memory_check(box, where)
     return box
+
+
+def weights_per_rank_gb(box: dict[str, Any]) -> float:
+    """GB of target weights one rank holds: ``model.checkpoint_gb`` / tp plus what every rank
+    replicates, when the checkpoint's size is given; else from the geometry."""
+    g = geometry(box)
+    tp = int(box["layout"]["tp"])
+    ckpt = box["model"].get("checkpoint_gb")
+    if ckpt:
+        return (float(ckpt) * 1e9 / tp + g.replicated_bytes * (tp - 1) / tp) / 1e9
+    return (g.replicated_bytes + g.dense_bytes + g.moe_layers * g.num_experts
+            * g.expert_bytes) / 1e9
+
+
+def memory_check(box: dict[str, Any], where: str = "box") -> None:
+    """Refuse a box whose weights do not fit its GPUs, with the numbers."""
+    per = weights_per_rank_gb(box)
+    mem = float(box["gpu"]["mem_gb"])
+    if per > mem:
+        tp = int(box["layout"]["tp"])
+        raise ConfigError(
+            f"{where}: the target's weights do not fit: {per:.1f} GB per rank "
+            f"({per * tp:,.0f} GB over {tp} ranks) on {mem:.0f} GB GPUs "
+            f"({mem * tp:,.0f} GB in all)")
 
 
 def _coerce(old: Any, text: str, key: str) -> Any:
@@ -226,29 +256,30 @@ def _coerce(old: Any, text: str, key: str) -> Any:
             return json.loads(text)
         return text
     except (ValueError, json.JSONDecodeError):
-        raise ConfigError(f"--set {key}: {text!r} is not a {type(old).__name__}") from None
+        raise ConfigError(f"{key}: {text!r} is not a {type(old).__name__}") from None
 
 
-def set_field(box: dict[str, Any], assignment: str) -> dict[str, Any]:
+def set_field(box: dict[str, Any], assignment: str, flag: str = "--set") -> dict[str, Any]:
     """A copy of ``box`` with ``SECTION.FIELD[.SUB]=VALUE`` applied (the value parsed as the
     field's type; a new field of an existing section is allowed, a new section is not)."""
     key, eq, text = assignment.partition("=")
     parts = key.strip().split(".")
     if not eq or len(parts) < 2 or parts[0] not in SECTIONS:
-        raise ConfigError(f"--set {assignment!r}: expected SECTION.FIELD=VALUE, SECTION one of "
+        raise ConfigError(f"{flag} {assignment!r}: expected SECTION.FIELD=VALUE, SECTION one of "
                           f"{', '.join(SECTIONS)}")
     out = copy.deepcopy(box)
     node = out[parts[0]]
     for p in parts[1:-1]:
         if not isinstance(node.get(p), dict):
-            raise ConfigError(f"--set {key}: {p!r} is not a section of {parts[0]}")
+            raise ConfigError(f"{flag} {key}: {p!r} is not a section of {parts[0]}")
         node = node[p]
-    node[parts[-1]] = _coerce(node.get(parts[-1]), text.strip(), key)
-    out.setdefault("provenance", {})[key] = f"--set {text.strip()}"
-    return check_box(out, f"--set {key}")
+    node[parts[-1]] = _coerce(node.get(parts[-1]), text.strip(), f"{flag} {key}")
+    out.setdefault("provenance", {})[key] = f"{flag} {text.strip()}"
+    return check_box(out, f"{flag} {key}")
 
 
-def with_sets(box: dict[str, Any], sets: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def with_sets(box: dict[str, Any], sets: list[str] | tuple[str, ...] = (),
+              flag: str = "--set") -> dict[str, Any]:
     for s in sets:
-        box = set_field(box, s)
+        box = set_field(box, s, flag)
     return box

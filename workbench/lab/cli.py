@@ -78,7 +78,11 @@ def add_parser(sub: Any, default_target: str, default_draft: str) -> None:
     b.add_argument("--preset", default="seeds", metavar="NAME|BOX.json",
                    help="a box from data/boxes (seeds, h200-nvlink, cpu) or a JSON file")
     b.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override any field of the box (repeatable), e.g. link.allreduce_us=9")
+                   help="describe the box before the fit (repeatable), e.g. "
+                        "link.paths.nccl.latency_us=9")
+    b.add_argument("--what-if", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="change the fitted box after the fit, never refitting (repeatable), "
+                        "e.g. server.allreduce_fusion=false")
     b.add_argument("--seeds", default=None, metavar="NUMBERS.json",
                    help="measured numbers to fit (default: data/seeds for --preset seeds)")
     b.add_argument("--tau", type=float, default=None, help="τ (default: the workload's)")
@@ -125,8 +129,8 @@ def cmd_record(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
     import workbench as wb
-    from workbench.bench.cli_args import engine_config
-    from workbench.bench.workloads import read_prompts_file
+    from workbench.config import engine_config
+    from workbench.data_io import read_prompts_file
     from workbench.lab.record import record
     from workbench.lab.stepfit import BATCHES, anchor_shapes, fit_step_model
     from workbench.lab.trees import bs1_accept_lengths
@@ -271,8 +275,9 @@ def cmd_box(ns: argparse.Namespace) -> int:
 
         records = read_request_metrics(ns.records)
     rep = box_report(ns.preset, ns.set, ns.seeds, ns.tau, threshold=ns.threshold_json,
-                     records=records)
+                     records=records, what_ifs=ns.what_if)
     if ns.json:
+        rep = {k: v for k, v in rep.items() if k != "fitted_box"}
         print(json.dumps(rep, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
         return 0
     print_report(rep)
