@@ -266,6 +266,7 @@ def test_api_key_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pyt
     assert api_key_from_args(ns()) is None
     f = tmp_path / "key"
     f.write_text("s3cret\n")
+    f.chmod(0o600)  # a key file others may read is refused (test_adversarial_keys.py)
     assert api_key_from_args(ns(api_key_file=str(f))) == "s3cret"
     monkeypatch.setenv("WORKBENCH_API_KEY", "from-env")
     assert api_key_from_args(ns()) == "from-env"
@@ -278,7 +279,8 @@ def test_api_key_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ConfigError, match="^--api-key-file: cannot read"):
         api_key_from_args(ns(api_key_file=str(tmp_path / "missing")))
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(ConfigError, match="^--api-key-file: .* no key"):
+    (tmp_path / "empty").chmod(0o600)
+    with pytest.raises(ConfigError, match="^--api-key-file: .* blank"):
         api_key_from_args(ns(api_key_file=str(tmp_path / "empty")))
 
 

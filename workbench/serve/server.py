@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import os
 import socket
 import sys
 import threading
@@ -58,6 +57,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.errors import ConfigError
+from workbench.serve.api_keys import API_KEY_ENV, api_key_from_args  # noqa: F401 (re-exported)
 from workbench.serve.frontend import ServeState, error_id
 from workbench.serve.limits import LimitsGuard, ServeLimits, read_json_body, uvicorn_config
 from workbench.serve.loop import EngineLoop
@@ -260,31 +260,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-API_KEY_ENV = "WORKBENCH_API_KEY"
-
-
-def api_key_from_args(ns: argparse.Namespace) -> str | None:
-    """The API key: ``--api-key-file`` (its first line), ``--api-key`` (visible in the process
-    list, so a warning), else the ``WORKBENCH_API_KEY`` environment variable, else None."""
-    if ns.api_key and ns.api_key_file:
-        raise ConfigError("--api-key/--api-key-file: give one of them")
-    if ns.api_key_file:
-        try:
-            lines = Path(ns.api_key_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"--api-key-file: cannot read {ns.api_key_file}: {e}") from None
-        key = lines[0].strip() if lines else ""
-        if not key:
-            raise ConfigError(f"--api-key-file: {ns.api_key_file} has no key on its first line")
-        return key
-    if ns.api_key:
-        log.warning("--api-key is visible to every local user (/proc/*/cmdline); prefer "
-                    "--api-key-file or %s", API_KEY_ENV)
-        return str(ns.api_key)
-    env = os.environ.get(API_KEY_ENV, "").strip()
-    return env or None
 
 
 def limits_from_args(ns: argparse.Namespace) -> ServeLimits:
