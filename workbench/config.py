@@ -41,6 +41,11 @@ class EngineConfig:
     # row_bucket; padded rows never change the real rows). 0 = auto: the fastest row count of
     # 1..8 on this machine and model, timed at init and cached; n >= 1: forced
     row_floor: int = 0
+    # a GGUF target's Q4_0/Q4_1/Q8_0 tensors: "packed" (codes and block scales kept, torch's
+    # weight-only int4 kernel; models/quant.py says where a value rounds), "dequant" (float
+    # weights), "auto": whichever one pass over the target's GEMMs runs faster at init
+    # (engine/autotune.py, cached); a checkpoint without packed tensors runs "dequant"
+    weights: Literal["auto", "packed", "dequant"] = "auto"
     # the EAGLE-3 draft's compute dtype: "same" (the engine's), "bfloat16" (bf16 copies of its
     # weights; proposals only, so outputs never change), "auto": bfloat16 where the CPU has
     # oneDNN bf16 kernels and a draft step measured faster with them at init (cached), else same
@@ -88,6 +93,9 @@ class EngineConfig:
         if not _is_int(self.row_floor) or not 0 <= self.row_floor <= 16:
             raise ConfigError(f"EngineConfig.row_floor: must be an integer in 0..16 (0 = auto), "
                               f"got {self.row_floor!r}")
+        if self.weights not in ("auto", "packed", "dequant"):
+            raise ConfigError(f"EngineConfig.weights: {self.weights!r} not in "
+                              "auto/packed/dequant")
         if self.draft_dtype not in ("auto", "same", "bfloat16"):
             raise ConfigError(f"EngineConfig.draft_dtype: {self.draft_dtype!r} not in "
                               "auto/same/bfloat16")
