@@ -191,19 +191,27 @@ def cmd_replay(ns: argparse.Namespace) -> int:
     if ns.tiers:
         with contextlib.redirect_stdout(sys.stderr if ns.json else sys.stdout):
             tiers_out(df, results, ns.tiers, ns.tiers_policy)
+    sign = None
     if ns.against:
-        from workbench.lab.validate import against
+        from workbench.lab.validate import against, sign_test, sign_text
 
         df = against(df, ns.against)
+        sign = sign_test(df)
     if ns.json:
         for row in json_rows(df):
             print(json.dumps(row))
         return 0
     cols = [c for c in ("policy", "concurrency", "tok_s", "vs_never", "measured_vs_never",
-                        "ratio_error", "within_10pct", "tau", "spec_fraction", "tpot_p50_ms",
-                        "tpot_p99_ms", "regret") if c in df]
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
+                        "measured_n", "ratio_error", "error_lo", "error_hi", "within_10pct",
+                        "tau", "spec_fraction", "tpot_n", "tpot_p50_ms", "tpot_p99_ms",
+                        "regret") if c in df]
+    with pd.option_context("display.width", 240, "display.max_columns", 24):
         print(df[cols].round(3).to_string(index=False))
+    from workbench.viz.figures.style import MIN_P99_SAMPLES
+
+    print(f"tpot_p99_ms: none from fewer than {MIN_P99_SAMPLES} requests (tpot_n)")
+    if sign is not None:
+        print(f"replayed vs measured: {sign_text(sign)}")
     for note in getattr(run, "notes", []):
         print(f"modelled: {note}")
     for c, g in df.groupby("concurrency"):

@@ -55,12 +55,38 @@ def load_run(path: str) -> Run:
     return RecordedRun.load(path)
 
 
-def winner(df: pd.DataFrame) -> str:
-    """The named policy (not the never/oracle references) with the least mean regret."""
+REPLAY_ERROR = 0.10  # the replay's stated accuracy (docs/LAB.md: within ±10 % of a real run)
+
+
+def ranking(df: pd.DataFrame, error: float = REPLAY_ERROR) -> pd.DataFrame:
+    """Named policies (not the never/oracle references) by mean share of the bound
+    (1 − mean regret), each with the interval ±``error`` of the replay's own accuracy."""
     named = df[~df["policy"].isin(["never", "oracle"])]
     if named.empty:
         raise ConfigError("--tiers: no named policy was replayed (only never/oracle)")
-    return str(named.groupby("policy")["regret"].mean().idxmin())
+    share = (1.0 - named.groupby("policy")["regret"].mean()).sort_values(ascending=False)
+    return pd.DataFrame({"share": share, "lo": share * (1 - error), "hi": share * (1 + error)})
+
+
+def winner(df: pd.DataFrame, error: float = REPLAY_ERROR) -> str:
+    """The named policy with the least mean regret — refused (ConfigError, naming the two
+    arms and their intervals) when the runner-up's interval overlaps the best's: inside the
+    replay's error no arm wins."""
+    r = ranking(df, error)
+    if len(r) > 1 and r["lo"].iloc[0] <= r["hi"].iloc[1]:
+        a, b = r.index[0], r.index[1]
+        raise ConfigError(
+            f"no winner: {a} ({r['share'].iloc[0]:.1%} of the bound, "
+            f"[{r['lo'].iloc[0]:.1%}, {r['hi'].iloc[0]:.1%}]) and {b} "
+            f"({r['share'].iloc[1]:.1%}, [{r['lo'].iloc[1]:.1%}, {r['hi'].iloc[1]:.1%}]) "
+            f"overlap inside the replay's ±{error:.0%}; name one with --tiers-policy")
+    return str(r.index[0])
+
+
+def oracle_is_bound(df: pd.DataFrame) -> bool:
+    """Whether the per-step oracle bounds every replayed arm at every level (then it may be
+    called a bound; else an arm beat it and it is a per-step heuristic)."""
+    return bool((df["bound"] == "oracle").all())
 
 
 def cost_model_of(run: Run) -> CostModel:

@@ -41,6 +41,7 @@ import numpy as np
 
 from workbench.policy.costmodel import CostModel
 from workbench.policy.policies import Decision, PolicyContext, Shape, shape_name
+from workbench.viz.figures.style import MIN_P99_SAMPLES
 
 AUTO_WARM_STEPS = 8  # engine/worker.py: an off stretch keeps the draft warm this many steps
 AUTO_CATCHUP_ROWS = 32  # engine/worker.py: auto's cap when catchup_window is None
@@ -288,7 +289,14 @@ class Simulator:
                 "tau": float(np.mean(emitted)) if emitted else 1.0,
                 "spec_fraction": spec_steps / max(1, len(steps)),
                 "decode_steps": len(steps),
+                "tpot_n": len(tpot), "itl_n": len(itl),
                 "tpot_p50_ms": float(np.percentile(tpot, 50)) if tpot else math.nan,
-                "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else math.nan,
-                "itl_p50_ms": float(np.percentile(itl, 50)) if itl else math.nan,
-                "itl_p99_ms": float(np.percentile(itl, 99)) if itl else math.nan}
+                "tpot_p99_ms": _p99(tpot), "itl_p50_ms":
+                    float(np.percentile(itl, 50)) if itl else math.nan,
+                "itl_p99_ms": _p99(itl)}
+
+
+def _p99(xs: list[float]) -> float:
+    """A p99, or NaN from fewer than the project's minimum of samples (below it a p99 is the
+    sample's maximum, not a tail estimate)."""
+    return float(np.percentile(xs, 99)) if len(xs) >= MIN_P99_SAMPLES else math.nan
