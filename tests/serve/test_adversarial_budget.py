@@ -81,7 +81,7 @@ def test_top_logprobs_over_the_budget_is_refused_before_work(adv: ServerHandle,
     """The 514 MB case: every alternative for every prompt position. Refused, naming the
     field, before any work; the bound is alternatives (at most the vocabulary: 300 here) x
     positions (prompt from logprob_start_len + max_new_tokens): 301 x 104 > 20,000."""
-    msg = refused(adv, "/generate", gen(return_logprob=True, top_logprobs_num=8192,
+    msg = refused(adv, "/generate", gen(return_logprob=True, top_logprobs_num=1024,
                                         logprob_start_len=0,
                                         sampling_params={"max_new_tokens": 100}),
                   "top_logprobs_num")

@@ -60,6 +60,7 @@ CHAT_NO_OPS: dict[str, Any] = {"presence_penalty": 0.0, "frequency_penalty": 0.0
                                "reasoning_effort": None, "modalities": None, "audio": None,
                                "prediction": None, "web_search_options": None}
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_NAME_CHARS = 64  # a message's ``name`` (OpenAI's bound)
 
 
 @dataclass(frozen=True)
@@ -216,15 +217,37 @@ def _chat_content(v: Any, field: str) -> str:
     if isinstance(v, list):
         parts = []
         for i, part in enumerate(v):
-            if not isinstance(part, dict) or part.get("type") != "text" or \
-                    not isinstance(part.get("text"), str):
-                raise HTTPError(f"{field}[{i}]: only text parts are supported "
-                                '({"type": "text", "text": ...})', f"{field}[{i}]")
-            check_utf8(part["text"], f"{field}[{i}]")
+            f = f"{field}[{i}]"
+            if not isinstance(part, dict):
+                raise HTTPError(f'{f}: expected a text part ({{"type": "text", "text": ...}}), '
+                                f"got {type_name(part)}", f)
+            kind = part.get("type")
+            if not isinstance(kind, str) or kind != "text":
+                shown = repr(kind) if isinstance(kind, str) else type_name(kind)
+                raise HTTPError(f"{f}.type: only text parts are supported, got {shown}",
+                                f"{f}.type")
+            check_fields(part, {"type", "text"}, f)
+            if not isinstance(part.get("text"), str):
+                raise HTTPError(f"{f}.text: expected a string, got {type_name(part.get('text'))}",
+                                f"{f}.text")
+            check_utf8(part["text"], f"{f}.text")
             parts.append(part["text"])
         return "".join(parts)
     raise HTTPError(f"{field}: expected a string or a list of text parts, got "
                     f"{type_name(v)}", field)
+
+
+def _check_name(m: dict[str, Any], field: str) -> None:
+    """A message's ``name`` (the participant's, which the template may not show): a non-empty
+    string of at most :data:`MAX_NAME_CHARS` characters, as OpenAI."""
+    name = m.get("name")
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise HTTPError(f"{field}: expected a string, got {type_name(name)}", field)
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise HTTPError(f"{field}: 1 to {MAX_NAME_CHARS} characters, got {len(name)}", field)
+    check_utf8(name, field)
 
 
 def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
@@ -246,9 +269,12 @@ def parse_chat(body: dict[str, Any]) -> OpenAIRequest:
         if not isinstance(m, dict):
             raise HTTPError(f"{f}: expected an object", f)
         check_fields(m, {"role", "content", "name"}, f)
-        if m.get("role") not in CHAT_ROLES:
-            raise HTTPError(f"{f}.role: expected one of {sorted(CHAT_ROLES)}, got "
-                            f"{m.get('role')!r}", f"{f}.role")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            shown = repr(role) if isinstance(role, str) else type_name(role)
+            raise HTTPError(f"{f}.role: expected one of {sorted(CHAT_ROLES)}, got {shown}",
+                            f"{f}.role")
+        _check_name(m, f"{f}.name")
         messages.append({"role": m["role"], "content": _chat_content(m.get("content"),
                                                                      f"{f}.content")})
     want = False if body.get("logprobs") is None else expect_bool(body["logprobs"], "logprobs")

@@ -26,6 +26,10 @@ from workbench.core import LogprobParams
 from workbench.errors import RequestError, WorkbenchError
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+# Most alternatives per position a /generate request may ask for (``top_logprobs_num``;
+# SGLang clips to the vocabulary, vLLM refuses above its ``max_logprobs``): above it a 400,
+# not a silent clip. The log-probability budget (limits.py) still bounds the whole answer.
+MAX_TOP_LOGPROBS_NUM = 1024
 
 
 class HTTPError(WorkbenchError):
@@ -346,6 +350,9 @@ def _sglang_logprobs(body: dict[str, Any]) -> tuple[LogprobParams | None, bool]:
     top = 0
     if body.get("top_logprobs_num") is not None:
         top = expect_int(body["top_logprobs_num"], "top_logprobs_num", lo=0)
+        if top > MAX_TOP_LOGPROBS_NUM:
+            raise HTTPError(f"top_logprobs_num: at most {MAX_TOP_LOGPROBS_NUM} alternatives per "
+                            f"position, got {top}", "top_logprobs_num")
     if not want:
         return None, text_in
     return LogprobParams(top_k=top, start=None if start == -1 else start), text_in
