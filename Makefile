@@ -109,7 +109,9 @@ $(REAL_MODEL_STAMP): $(STAMP) $(REAL_MODEL_PTR)
 
 real-model: $(REAL_MODEL_STAMP)
 
-demo: $(STAMP) $(REAL_MODEL_STAMP)
+# demo, lab and report install the SGLang reference too: page 08 routes its tier file through
+# SGLang's own AdaptiveSpeculativeParams (sglang-ref), so a fresh clone's page 08 imports.
+demo: $(STAMP) $(SGLANG_STAMP) $(REAL_MODEL_STAMP)
 	$(BIN)/python -m workbench demo
 
 lint: $(STAMP)
@@ -142,13 +144,13 @@ bench: $(STAMP)
 # give its run time and the load it ran under. Pages, index.html and the shared
 # vendor/ folder go to reports/ (open reports/index.html; copy the folder as a whole).
 REPORT_FLAGS := $(if $(filter 1,$(FAST)),--fast,)
-report: $(STAMP) browser
+report: $(STAMP) $(SGLANG_STAMP) browser
 	$(BIN)/python scripts/export_reports.py --timeout 1200 $(REPORT_FLAGS)
 	$(BIN)/python scripts/check_reports.py
 
 # Jupyter refuses to run as root without --allow-root (containers, CI): add it only then.
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
-lab: $(STAMP)
+lab: $(STAMP) $(SGLANG_STAMP)
 	$(BIN)/jupyter lab --ip 127.0.0.1 --no-browser $(LAB_ROOT) notebooks/
 
 clean-venv:

@@ -11,47 +11,104 @@
 #
 # **You will learn** what the seeds' five numbers say about their box (8 RTX PRO 6000 Blackwell
 # GPUs over PCIe Gen5, Kimi-K2.5 INT4 at TP=8, SGLang 0.5.9 + EAGLE-3), which of them a step
-# model with two fitted constants reproduces and which it cannot, why speculation lost at
-# saturation, from which concurrency this box should stop speculating — as a range, with the
-# measurement that would narrow it — and what would change with NVLink, a one-shot
-# all-reduce, the EAGLE cap lifted, SGLang 0.5.23's tiers, spec v2 overlap or FP8 experts.
+# model with two fitted constants reproduces, what the all-reduce costs by message size, from
+# which concurrency this box should stop speculating — as a range, by chain shape and routing,
+# with the measurement that would narrow it — and what the model predicts with NVLink, the EAGLE
+# cap lifted, spec v2 overlap or SGLang 0.5.23's tiers.
 #
 # **How.** The box is data (`data/boxes/seeds.json`: every given value with its source); the
 # step model prices a forward by named terms (floor, weights, collectives, attention, compute
-# excess) and a speculative step as SGLang's EAGLE worker runs it; two constants (the
-# per-forward floor and the attention cost per context token) are fitted to two of the seeds'
-# numbers, every other number is a prediction (docs/LAB.md, "The box").
+# excess) and a speculative step as SGLang's EAGLE worker runs it; every all-reduce is priced
+# by its message size on the path it takes (NCCL, the fused one-shot path, SGLang's custom
+# all-reduce), from public nccl-tests tables of PCIe boxes; two constants (the per-forward
+# floor and the attention cost per context token) are fitted to two of the seeds' numbers,
+# every other number is a prediction (docs/LAB.md, "The box"). What-ifs keep the fitted
+# constants: they are predictions, drawn as such.
 
 # %% tags=["parameters"]
 import os
 
 FAST = os.environ.get("WORKBENCH_FAST") == "1"
-LEVELS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.lab.boxfit import fit, load_seeds
+from workbench.errors import ConfigError
+from workbench.lab import whatif
+from workbench.lab.boxfit import fit, fusion_account, load_seeds
 from workbench.lab.boxmodel import TERMS, level, what_if
-from workbench.lab.boxreport import box_report, policy_rows
-from workbench.lab.boxspec import load_box, with_sets
+from workbench.lab.boxreport import box_report
+from workbench.lab.boxspec import with_sets
+from workbench.lab.collectives import reading_sets
 from workbench.viz import prose as P
 
 rep = box_report("seeds")
 seeds = load_seeds()
-base = load_box("seeds")
+LEVELS = rep["levels"]
 TAU = rep["tau"]
 LO, HI = rep["tau_band"]["band"]
-fitted = fit(base, seeds, TAU)["box"]
+fitted = rep["fitted_box"]
+alive = [r for r in rep["readings"] if r["band"]]
+held_box = fitted  # the fitted box on the first reading the numbers leave open
 
 # %% [markdown]
-# ## 1. The five numbers beside the model
-# Two are fitted (the floor and the attention constant), three predicted; each band is the
-# prediction over the τ band (the seeds measured no τ: the band is where every check holds,
-# including the signs their sentence states — EAGLE-3 net-negative at c = 1 before fusion,
-# net-positive after).
+# ## 1. The all-reduce by message size, and which reading the numbers leave open
+# A one-token plain step all-reduces 14 KB per layer, a 4-token verify 57 KB. The preset's NCCL
+# table joins the public rows of two 8-GPU PCIe boxes; a second reading holds their 42–45 µs
+# small-message latency up to the plain step's message before the same slope. The fit is redone
+# under each reading; a reading is refuted when no τ puts every number within ±20 % with the
+# seeds' stated signs holding.
+
+# %%
+pd.DataFrame([{"reading": r["reading"], "NCCL µs at 14 KB": round(r["nccl_us_plain"], 1),
+               "NCCL µs at 57 KB": round(r["nccl_us_verify"], 1),
+               "τ band": r["band"], "refuted by the numbers": r["refuted"] or "",
+               "source": r["nccl_source"][:90]} for r in rep["readings"]])
+
+# %%
+fa = rep["fusion"]
+msgs = pd.DataFrame(fa["messages"])
+fig = go.Figure()
+for state in ("fused", "unfused"):
+    paths_used = ", ".join(msgs[f"path_{state}"].unique())
+    fig.add_bar(x=[f"{m} ({b / 1000:.0f} KB)" for m, b in zip(msgs.forward, msgs.message_bytes,
+                                                               strict=True)],
+                y=msgs[f"share_{state}"], name=f"{state} ({paths_used} path)")
+fig.update_layout(barmode="group", yaxis_tickformat=".0%", height=340,
+                  yaxis_title="collectives' share of the forward",
+                  title=f"Collectives by message size at bs = 1 (reading {rep['reading']})")
+fig
+
+# %%
+refuted = [r for r in rep["readings"] if r["refuted"]]
+seed_s = fa["spec_single_before_seed"]
+plain_before = [fusion_account(fit(with_sets(fitted, reading_sets(fitted, r["reading"])), seeds,
+                                   t), seeds)["plain_single_before_model"]
+                for r in alive for t in r["band"]]
+net = P.ratio("unfused plain decoding at c = 1 (model, over the τ band and open readings)",
+              fa["plain_single_before_model"] / seed_s, min(plain_before) / seed_s,
+              max(plain_before) / seed_s, above="is faster than", below="is slower than",
+              against=f"the seeds' unfused EAGLE-3 single stream ({seed_s} tok/s)")
+P.say(f"Unfused, the verify's all-reduces take {msgs.loc[1, 'us_unfused']:.0f} µs each against "
+      f"the plain step's {msgs.loc[0, 'us_unfused']:.0f} µs: {msgs.loc[1, 'share_unfused']:.0%} "
+      f"of the verify and {msgs.loc[0, 'share_unfused']:.0%} of a plain step. With the fitted "
+      f"constants kept and only the path switched, the model gives a "
+      f"{fa['verify_before_model_ms']:.1f} ms unfused verify (the seeds: "
+      f"~{fa['verify_before_seed_ms']:.0f}) and {fa['spec_single_before_model']:.1f} tok/s for "
+      f"the unfused single stream (the seeds: {seed_s}). ", net,
+      f" — so the seeds' \"net-negative before fusion\" "
+      f"{P.choose(net, 'follows from the model', 'is contradicted by it', 'is not decided by it')}"
+      f". "
+      + (f"Refuted by the numbers themselves: {', '.join(r['reading'] for r in refuted)} "
+         f"({refuted[0]['refuted']}). " if refuted else "")
+      + f"One measurement settles the all-reduce: {fa['narrow_with']}.")
+
+# %% [markdown]
+# ## 2. The five numbers: predicted beside measured
+# Two are fitted, three predicted; each band is the prediction over the τ band of every reading
+# the numbers leave open (the seeds measured no τ). Leave-one-out refits on the other numbers.
 
 # %%
 nums = pd.DataFrame([{"number": r["key"], "seeds": r["seed"], "unit": r["unit"],
@@ -59,21 +116,40 @@ nums = pd.DataFrame([{"number": r["key"], "seeds": r["seed"], "unit": r["unit"],
                       "band": f"{r['band'][0]:.1f}..{r['band'][1]:.1f}",
                       "role": "fitted" if r["fitted"] else "predicted"}
                      for r in rep["numbers"]])
+loo = {r["key"]: f"{r['error']:+.0%}" for r in rep["loo"]}
+nums["leave-one-out error"] = nums["number"].map(loo).fillna("")
 nums
 
 # %%
-by = {r["key"]: r for r in rep["numbers"]}
-sat = by["spec_saturated"]
-fa = rep["fusion"]
-P.say(f"With the floor at {rep['fitted']['floor_ms']:.2f} ms per target forward and attention at "
-      f"{rep['fitted']['attn_ns']:.2f} ns per context token, layer and query token (τ {TAU:.2f}), "
-      f"the model predicts EAGLE-3's saturated throughput at {sat['predicted']:.0f} tok/s against "
-      f"the seeds' {sat['seed']:.0f} ({sat['error']:+.0%}; {sat['band'][0]:.0f}–"
-      f"{sat['band'][1]:.0f} over τ {LO:.2f}–{HI:.2f}). The two unfused numbers are not "
-      f"reproduced by the collectives term alone: it predicts "
-      f"{by['spec_single_before']['predicted']:.0f} tok/s where the seeds saw "
-      f"{by['spec_single_before']['seed']:.1f}, and a {by['verify_before']['predicted']:.1f} ms "
-      f"verify where they saw ~{by['verify_before']['seed']:.0f}.")
+fig = go.Figure()
+for unit in ("tok/s", "ms"):
+    part = [r for r in rep["numbers"] if r["unit"] == unit]
+    fig.add_scatter(x=[r["seed"] for r in part], y=[r["predicted"] for r in part],
+                    error_y=dict(type="data", symmetric=False,
+                                 array=[r["band"][1] - r["predicted"] for r in part],
+                                 arrayminus=[r["predicted"] - r["band"][0] for r in part]),
+                    mode="markers+text", text=[r["key"] for r in part],
+                    textposition="top center", name=unit)
+top = max(max(r["seed"], r["band"][1]) for r in rep["numbers"]) * 1.1
+fig.add_scatter(x=[1, top], y=[1, top], mode="lines", line=dict(dash="dot", color="#999"),
+                name="predicted = measured")
+fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis_title="the seeds (measured)",
+                  yaxis_title="the model (band over τ and readings)", height=420,
+                  title="Predicted beside measured: the five numbers")
+fig
+
+# %%
+sat = next(r for r in rep["numbers"] if r["key"] == "spec_saturated")
+worst = max((r for r in rep["numbers"] if not r["fitted"]), key=lambda r: abs(r["error"]))
+loo_worst = max(rep["loo"], key=lambda r: abs(r["error"]))
+P.say(f"With the floor at {rep['fitted']['floor_ms']:.2f} ms per target forward and attention "
+      f"at {rep['fitted']['attn_ns']:.2f} ns per context token, layer and query token (τ "
+      f"{TAU:.2f}), the largest error of a predicted number is {worst['key']}'s "
+      f"{worst['error']:+.0%}; EAGLE-3's saturated throughput is predicted at "
+      f"{sat['predicted']:.0f} tok/s against the seeds' {sat['seed']:.0f} "
+      f"({sat['band'][0]:.0f}–{sat['band'][1]:.0f} over τ {LO:.2f}–{HI:.2f}). Left out of the "
+      f"fit in turn, {loo_worst['key']} is missed by {loo_worst['error']:+.0%}: that is the "
+      f"model's own error on a number it was not given.")
 
 # %% [markdown]
 # The seeds name no concurrency for "saturating"; the preset assumes the sweep's top level is
@@ -83,29 +159,7 @@ P.say(f"With the floor at {rep['fitted']['floor_ms']:.2f} ms per target forward 
 pd.DataFrame(rep["saturation_level"]).set_index("top_level").round(3)
 
 # %% [markdown]
-# ## 2. The fusion pair: how much is collectives
-# Fusion moves the verify's 123 all-reduces from NCCL latency to a one-shot fused kernel; the
-# rest of what CUDA 13 and fusion changed is not in the box description, so the numbers
-# themselves say how large it is.
-
-# %%
-P.say(f"The verify's collectives fall from {fa['collectives_before_ms']:.1f} to "
-      f"{fa['collectives_after_ms']:.1f} ms with fusion: "
-      f"{fa['collectives_before_ms'] - fa['collectives_after_ms']:.1f} ms of the seeds' "
-      f"~{fa['verify_before_seed_ms']:.0f} ms verify. The rest, {fa['rest_from_verify_ms']:.1f} ms "
-      f"by the verify's figure and {fa['rest_from_single_stream_ms']:.1f} ms per round by the "
-      f"single-stream pair, must be something else the upgrade removed (a cost outside the "
-      f"collectives, paid once per verify); the two estimates of it agree within "
-      f"{abs(fa['verify_from_single_stream_error']):.0%}. Were it the collectives after all, "
-      f"an unfused all-reduce would take {fa['allreduce_us_implied_by_verify']:.0f} µs by the "
-      f"verify and {fa['allreduce_us_implied_by_single_stream']:.0f} µs by the single stream "
-      f"(the box gives {fa['allreduce_us_given']:.0f}); with that one number given, all five "
-      f"hold within ±20 % over the τ band (tests/lab/test_box_model.py). One measurement "
-      f"settles which: {fa['narrow_with']}.")
-
-# %% [markdown]
 # ## 3. Where a step's time goes
-# The single-stream speculative step and the saturated plain and speculative steps, by term.
 
 # %%
 def waterfall(terms: dict, title: str) -> go.Figure:
@@ -117,110 +171,121 @@ def waterfall(terms: dict, title: str) -> go.Figure:
 
 
 one = level(fitted, 1, TAU)
-top = level(fitted, LEVELS[-1], TAU)
+top_c = LEVELS[-1]
+sat_row = level(fitted, top_c, TAU)
 waterfall(one["spec_terms"], f"EAGLE-3 step at c=1 ({one['spec_step_ms']:.1f} ms)")
 
 # %%
-waterfall(top["plain_terms"], f"plain step at c={LEVELS[-1]} ({top['plain_step_ms']:.0f} ms)")
+waterfall(sat_row["spec_terms"], f"EAGLE-3 step at c={top_c}, run at the cap "
+          f"{sat_row['spec_batch']} ({sat_row['spec_step_ms']:.0f} ms)")
 
 # %%
-waterfall(top["spec_terms"], f"EAGLE-3 step at c={LEVELS[-1]}, run at the cap "
-          f"{top['spec_batch']} ({top['spec_step_ms']:.0f} ms)")
-
-# %%
-share = top["spec_terms"]["attention"] / top["spec_step_ms"]
-P.say(f"At c = {LEVELS[-1]} the EAGLE-3 server runs {top['spec_batch']} requests at once (SGLang "
-      f"resets max_running_requests to 48 for speculation) and attention is {share:.0%} of its "
-      f"step: the verify reads every request's context for each of its draft tokens. Plain "
-      f"decoding runs {top['plain_batch']} at once (what its KV pool holds at this workload): "
-      f"{top['plain_tok_s']:.0f} tok/s against {top['spec_tok_s']:.0f}.")
+share = sat_row["spec_terms"]["attention"] / sat_row["spec_step_ms"]
+P.say(f"At c = {top_c} the EAGLE-3 server runs {sat_row['spec_batch']} requests at once (SGLang "
+      f"resets max_running_requests to {rep['rules']['spec_max_running_requests']} for "
+      f"speculation) and attention is {share:.0%} of its step. Plain decoding runs "
+      f"{sat_row['plain_batch']} at once (what its KV pool holds at this workload): "
+      f"{sat_row['plain_tok_s']:.0f} tok/s against {sat_row['spec_tok_s']:.0f}.")
 
 # %% [markdown]
 # ## 4. Speculation's gain vs concurrency, and where to stop
-# The gain (EAGLE-3 tok/s over plain) at the ends and middle of the τ band, each with its own
-# fit; the crossing is where it falls below 1.
-
-# %%
-fig = go.Figure()
-for t in (LO, (LO + HI) / 2, HI):
-    b = fit(base, seeds, t)["box"]
-    df = what_if(b, LEVELS, t)
-    fig.add_scatter(x=df["concurrency"], y=df["gain"], name=f"τ {t:.2f}", mode="lines+markers")
-fig.add_hline(y=1.0, line_dash="dot")
-fig.update_layout(xaxis_type="log", xaxis_title="concurrency", yaxis_title="gain",
-                  height=360)
-fig
+# The gain at the ends and middle of the τ band, each with its own fit; the shaded band is the
+# model's largest leave-one-out error around 1 (inside it the sign is not decided).
 
 # %%
 cr = rep["crossing"]
-where = (f"from concurrency {cr['range'][0]} at every τ of the band" if
-         cr["range"][0] == cr["range"][1] else
-         f"from concurrency {cr['range'][0]} to {cr['range'][1]}, the seeds' numbers placing it "
-         f"no closer")
-P.say(f"Over τ {LO:.2f}–{HI:.2f} this box should stop speculating {where}. To check or narrow "
-      f"it: {cr['narrow_with']}; and {rep['tau_band']['narrow_with']}.")
+err = cr["loo_error"]
+fig = go.Figure()
+fig.add_hrect(y0=1 / (1 + err), y1=1 + err, fillcolor="rgba(180,180,180,0.3)", line_width=0)
+for t in (LO, (LO + HI) / 2, HI):
+    b = fit(held_box, seeds, t)["box"]
+    df = what_if(b, LEVELS, t)
+    fig.add_scatter(x=df["concurrency"], y=df["gain"], name=f"τ {t:.2f}", mode="lines+markers")
+fig.add_hline(y=1.0, line_dash="dot")
+fig.update_layout(xaxis_type="log", xaxis_title="concurrency", yaxis_title="EAGLE-3 / plain",
+                  height=360, title="Gain vs concurrency (model; grey: inside its error)")
+fig
+
+# %%
+by_shape = pd.DataFrame(cr["by_shape"])
+by_shape["crossing"] = [f"{a}" if a == b else f"{a}..{b}" for a, b in by_shape["crossing"]]
+by_shape.pivot(index="shape", columns="routing", values="crossing")
+
+# %%
+lo_c, hi_c = cr["range"]
+where = (f"from concurrency {lo_c} at every τ of the band" if lo_c == hi_c else
+         f"from concurrency {lo_c} to {hi_c}")
+undecided = cr["inside_error"]
+P.say(f"Over τ {LO:.2f}–{HI:.2f} the model puts the crossing (a plain server beside the "
+      f"EAGLE-3 one) {where}. "
+      + (f"At c = {', '.join(map(str, undecided))} the predicted gain is within the model's "
+         f"leave-one-out error (±{err:.0%}) of 1, so the model does not decide the sign there: "
+         if undecided else "Outside the model's leave-one-out error everywhere: ")
+      + f"{cr['narrow_with']}; and {rep['tau_band']['narrow_with']}.")
 
 # %% [markdown]
 # ## 5. What each policy would have delivered
-# tok/s per concurrency (SGLang 0.5.23's tiers: the best candidate of each tier, an upper
-# bound of what its controller reaches; vLLM's table as documented for EAGLE-3).
+# tok/s per concurrency (SGLang 0.5.23's tiers run under 0.5.23's server rules — spec v2
+# overlap — and take the best candidate of each tier: an upper bound of what its controller
+# reaches; vLLM's table as documented for EAGLE-3).
 
 # %%
-pol = pd.DataFrame(policy_rows(fitted, TAU, LEVELS)).set_index("concurrency").round(0)
+pol = pd.DataFrame(rep["policies"]).set_index("concurrency").round(0)
 pol
 
-# %%
-cap = rep["rules"]["spec_max_running_requests"]
-dyn = ["threshold", "goodput", "sglang_0.5.23_tiers"]
-best1 = pol.loc[1, dyn].idxmax()
-P.say(f"Every dynamic policy runs on the EAGLE-3 server, which admits {cap} requests at once: "
-      f"at c = {LEVELS[-1]} the threshold policy, off, delivers "
-      f"{pol.loc[LEVELS[-1], 'threshold']:.0f} tok/s where the plain server delivers "
-      f"{pol.loc[LEVELS[-1], 'never']:.0f}. At c = 1 the best of them ({best1}, "
-      f"{pol.loc[1, best1]:.0f} tok/s) stands against {pol.loc[1, 'never']:.0f} plain and "
-      f"{pol.loc[1, 'always']:.0f} always speculating.")
-
 # %% [markdown]
-# ## 6. What-ifs
-# The same fitted box with one field changed (`--set` on the command line).
+# ## 6. What-ifs (predictions: the fitted constants kept)
+# Each changes the fitted box after the fit, never refitting (`lab box --what-if`); a what-if
+# that changes no prediction is not offered, one the GPUs cannot hold is refused with its
+# numbers.
 
 # %%
+NVLINK = ('{"latency_us": 8, "bus_gbps": 360, "box": "assumed 8 x NVLink 4", '
+          '"source": "h200-nvlink preset"}')
 WHAT_IF = {
-    "as measured": [],
-    "NVLink instead of PCIe": ["link.allreduce_us=8", "link.fused_allreduce_us=5",
-                               "link.bus_gbps=360"],
-    "one-shot all-reduce at any size": ["link.fused_max_tokens=100000"],
+    "NVLink instead of PCIe": [f"link.paths.nccl={NVLINK}",
+                               'link.paths.fused={"latency_us": 5, "bus_gbps": 360, '
+                               '"max_tokens": 2048}'],
+    "one-shot all-reduce at any size": ["link.paths.fused.max_tokens=100000"],
     "EAGLE cap lifted to 256": ["server.spec_max_running_requests=256"],
     "spec v2 overlap on": ["server.spec_overlap=true"],
-    "FP8 experts": ['model.quant={"bits": 8, "group_size": 128, "scale_bits": 32}'],
+    "FP8 experts": ["model.checkpoint_gb=null",
+                    'model.quant={"bits": 8, "group_size": 128, "scale_bits": 32}'],
 }
-rows = []
+rows, refused = [], {}
 for name, sets in WHAT_IF.items():
-    b = with_sets(fitted, sets)
-    for c in (1, LEVELS[-1]):
-        r = level(b, c, TAU)
-        rows.append({"what if": name, "concurrency": c, "plain tok/s": r["plain_tok_s"],
-                     "EAGLE-3 tok/s": r["spec_tok_s"], "gain": r["gain"]})
+    try:
+        box = whatif.apply(fitted, sets, LEVELS, TAU)
+    except ConfigError as e:  # not offered: said beside the figure
+        refused[name] = str(e)
+        continue
+    for r in whatif.compare(fitted, box, [1, top_c], TAU):
+        rows.append({"what if": name, **r})
 wi = pd.DataFrame(rows)
-tiers = pd.DataFrame(policy_rows(fitted, TAU, [1, LEVELS[-1]]))
-for _, t in tiers.iterrows():
-    wi.loc[len(wi)] = {"what if": "SGLang 0.5.23 tiers", "concurrency": int(t["concurrency"]),
-                       "plain tok/s": t["never"], "EAGLE-3 tok/s": t["sglang_0.5.23_tiers"],
-                       "gain": t["sglang_0.5.23_tiers"] / t["never"]}
+for name, why in refused.items():
+    print(f"not offered: {name}: {why}")
+
+# %%
 fig = go.Figure()
-for c in (1, LEVELS[-1]):
+for c in (1, top_c):
     part = wi[wi["concurrency"] == c]
-    fig.add_bar(x=part["what if"], y=part["gain"], name=f"c={c}")
+    fig.add_bar(x=part["what if"], y=part["what_if_gain"], name=f"c={c} (predicted)",
+                marker_pattern_shape="/")
+    fig.add_scatter(x=part["what if"], y=part["gain"], mode="markers",
+                    name=f"c={c} as fitted", marker_symbol="line-ew-open", marker_size=30)
 fig.add_hline(y=1.0, line_dash="dot")
-fig.update_layout(barmode="group", yaxis_title="EAGLE-3 / plain", height=380)
+fig.update_layout(barmode="group", yaxis_title="EAGLE-3 / plain", height=380,
+                  title=f"What-ifs: predicted gain at τ {TAU:.2f}, the fitted constants kept")
 fig
 
 # %%
 g = wi.set_index(["what if", "concurrency"])
-best = g["gain"].xs(LEVELS[-1], level="concurrency").idxmax()
-nv, asis = g.loc[("NVLink instead of PCIe", 1)], g.loc[("as measured", 1)]
-P.say(f"At c = {LEVELS[-1]} the largest change to speculation's gain comes from '{best}' "
-      f"({g.loc[(best, LEVELS[-1]), 'gain']:.2f} against "
-      f"{g.loc[('as measured', LEVELS[-1]), 'gain']:.2f} as measured). At c = 1 NVLink "
-      f"speeds both modes alike: plain {asis['plain tok/s']:.0f} → {nv['plain tok/s']:.0f} "
-      f"tok/s, EAGLE-3 {asis['EAGLE-3 tok/s']:.0f} → {nv['EAGLE-3 tok/s']:.0f}.")
+moved = (g["what_if_gain"] - g["gain"]).abs().xs(top_c, level="concurrency")
+best = moved.idxmax()
+nv = g.loc[("NVLink instead of PCIe", 1)]
+P.say(f"At c = {top_c} the largest predicted change to speculation's gain comes from '{best}' "
+      f"({g.loc[(best, top_c), 'what_if_gain']:.2f} against {g.loc[(best, top_c), 'gain']:.2f} "
+      f"as fitted). At c = 1 NVLink moves plain decoding {nv['plain_tok_s']:.0f} → "
+      f"{nv['what_if_plain_tok_s']:.0f} tok/s and EAGLE-3 {nv['spec_tok_s']:.0f} → "
+      f"{nv['what_if_spec_tok_s']:.0f}. Not offered: "
+      + "; ".join(f"{k} ({v.split(': ', 1)[-1]})" for k, v in refused.items()) + ".")

@@ -44,8 +44,9 @@ def autotune(eng: Engine) -> str:
     thread count on a CPU engine with ``contention="adapt"`` gets a contention monitor."""
     from workbench.engine import autotune as tune
     from workbench.engine.shape_choices import decide_draft_dtype, decide_rows
+    from workbench.engine.weights_choice import decide_weights
 
-    found = tune.autotune(eng, more=(decide_rows, decide_draft_dtype))
+    found = tune.autotune(eng, more=(decide_weights, decide_rows, decide_draft_dtype))
     eng.choices = {name: c.to_dict() for name, c in found.items()}
     threads = found["threads"]
     if threads.source in ("measured", "only") and eng.config.contention == "adapt" and \
