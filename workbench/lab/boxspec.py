@@ -4,9 +4,9 @@ step model fits (:mod:`workbench.lab.boxmodel`).
 
 A box is a dict of sections (``gpu``, ``link``, ``layout``, ``model``, ``draft``, ``server``,
 ``workload``, ``fit``) plus ``provenance`` (where every given value comes from). Presets live in
-``data/boxes/*.json``; :func:`load_box` reads one by name or path, :func:`set_field` overrides
-any field by a dotted key (``link.paths.nccl.latency_us=9``), and :func:`geometry` turns the HF-style
-``model`` section into the bytes, KV bytes and FLOPs the step model uses.
+``data/boxes/*.json``; :func:`load_box` reads one by name or path, :func:`set_field`
+overrides any field by a dotted key (``link.paths.nccl.latency_us=9``), and :func:`geometry`
+turns the HF-style ``model`` section into the bytes, KV bytes and FLOPs the step model uses.
 """
 
 from __future__ import annotations
