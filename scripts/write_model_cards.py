@@ -91,9 +91,9 @@ def _fmt(v: Any, nd: int = 2) -> str:
 def machine_section(folder: Path) -> str:
     """Every machine kind's figures (``data/results/<kind>.json``), each with its machine,
     command, load and flags: a figure is never quoted without the machine it came from."""
-    from workbench.bench.results import load_all
+    from workbench.data_io import load_result_files
 
-    docs = load_all(folder)
+    docs = load_result_files(folder)
     lines = [BY_MACHINE, "",
              "Speed depends on the machine: each kind's figures come from "
              "`data/results/<kind>.json`, written by the `bench` command shown; the file also "

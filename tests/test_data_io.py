@@ -1,4 +1,4 @@
-"""The one reader of JSONL prompt files (``workbench.bench.workloads.read_jsonl_records``) on
+"""The one reader of JSONL prompt files (``workbench.data_io.read_jsonl_records``) on
 hostile inputs, and each of its callers going through its checks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.bench.real_model import render_chat_prompts
-from workbench.bench.workloads import load_prompt_records, read_jsonl_records, read_prompts_file
+from workbench.data_io import load_prompt_records, read_jsonl_records, read_prompts_file
 from workbench.errors import ConfigError
 from workbench.train.distill import read_prompts
 from workbench.viz.pairs import read_chat_prompts

@@ -7,7 +7,8 @@ is still a seam crossed the wrong way) but not for cycles (nothing runs them).
 
 The layer order is the table under "Layer order" in docs/DESIGN.md, read here, so the document
 and the rule cannot drift: a module may import modules of its own layer or a lower one, never a
-higher one; a top-level module or package missing from the table fails too.
+higher one; a top-level module or package missing from the table fails too. The packages
+themselves (units) form no cycle either: the application floor is layered package by package.
 """
 
 from __future__ import annotations
@@ -193,6 +194,36 @@ def test_no_upward_import() -> None:
     assert not bad, "imports against the layer order of docs/DESIGN.md:\n" + "\n".join(bad)
 
 
+def unit_graph(graph: dict[str, list[tuple[str, bool, int]]]
+               ) -> dict[str, list[tuple[str, bool, int]]]:
+    """The same imports between units (packages and top-level modules): ``bench`` imports
+    ``lab`` when any module of bench imports any module of lab."""
+    out: dict[str, list[tuple[str, bool, int]]] = {}
+    for m, found in graph.items():
+        out.setdefault(unit(m), [])
+        for t, type_only, line in found:
+            if unit(t) != unit(m):
+                out[unit(m)].append((unit(t), type_only, line))
+                out.setdefault(unit(t), [])
+    return out
+
+
+def test_no_package_cycle() -> None:
+    """Units of one layer may import each other (the application floor's packages, the
+    foundations), never in a loop: each package can be read, tested and moved below the
+    ones that use it."""
+    graph = import_graph()
+    found = cycles(unit_graph(graph))
+    where = []
+    for c in found:
+        for m, imports in graph.items():
+            for t, type_only, line in imports:
+                if not type_only and unit(m) in c and unit(t) in c and unit(m) != unit(t):
+                    where.append(f"{MODULES[m].relative_to(ROOT)}:{line} imports {t}")
+    assert not found, "package cycles: " + "; ".join(" <-> ".join(c) for c in found) + \
+        "\n" + "\n".join(where)
+
+
 def test_the_checker_sees_deferred_and_relative_imports() -> None:
     """The rule's own parts: an import inside a function counts, TYPE_CHECKING ones are marked
     type-only, relative imports resolve, and a two-module loop is reported."""
@@ -208,6 +239,9 @@ def test_the_checker_sees_deferred_and_relative_imports() -> None:
     loop = {"a": [("b", False, 1)], "b": [("a", False, 1)], "c": [("a", True, 1)]}
     assert cycles(loop) == [["a", "b"]]
     assert cycles({"a": [("b", True, 1)], "b": [("a", False, 1)]}) == []
+    pkg = {"workbench.bench.cli": [("workbench.lab.arms", False, 3)],
+           "workbench.lab.arms": [("workbench.bench.spec", False, 5)]}
+    assert cycles(unit_graph(pkg)) == [["bench", "lab"]]
     assert layer_order("## 3. Layer order\n\n| layer | units |\n|---|---|\n"
                        "| 1 | `errors` `faults` |\n| 2 | `config` |\n\nafter\n") == {
         "errors": 1, "faults": 1, "config": 2}

@@ -87,7 +87,8 @@ def cmd_train_draft(ns: argparse.Namespace) -> int:
 def cmd_make_prompts(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.bench.workloads import PROMPTS_DIR, make_prompts, save_prompts
+    from workbench.bench.workloads import make_prompts
+    from workbench.data_io import PROMPTS_DIR, save_prompts
     from workbench.train.corpus import split_corpus
 
     split = split_corpus(ns.corpus or None)

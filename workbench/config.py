@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -345,3 +346,40 @@ class SpecConfig:
     def shape(self) -> tuple[int, int, int]:
         """(S draft steps, K top-k, N verified nodes incl. the root)."""
         return (self.num_steps, self.topk, self.num_draft_tokens)
+
+
+def parse_overrides(raw: str, flag: str = "--engine") -> dict[str, Any]:
+    """A command line's ``KEY=VALUE,...`` (``gemm=dense,threads=2``) → EngineConfig field
+    overrides ({"gemm": "dense", "threads": 2}), each value typed like the field's default;
+    errors name ``flag`` and the field."""
+    out: dict[str, Any] = {}
+    if not raw.strip():
+        return out
+    fields = EngineConfig.__dataclass_fields__
+    for part in raw.strip().split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in fields:
+            raise ConfigError(f"{flag}: {part!r} is not KEY=VALUE with KEY an EngineConfig "
+                              f"field ({', '.join(sorted(fields))})")
+        v: Any = value.strip()
+        default = getattr(EngineConfig(), key)
+        if isinstance(default, bool):
+            if v.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ConfigError(f"{flag} {key}: expected true/false, got {value!r}")
+            v = v.lower() in ("true", "1", "on")
+        elif isinstance(default, int) or key in ("max_model_len",):
+            try:
+                v = int(v)
+            except ValueError:
+                raise ConfigError(f"{flag} {key}: expected an integer, got {value!r}") from None
+        out[key] = v
+    return out
+
+
+def engine_config(ns: Any, **base: Any) -> EngineConfig:
+    """EngineConfig(**base) with the ``--engine KEY=VALUE,...`` overrides of a parsed command
+    line (``ns.engine``; absent or empty: none) on top."""
+    over = parse_overrides(str(getattr(ns, "engine", "") or ""))
+    cfg = EngineConfig(**base)
+    return dataclasses.replace(cfg, **over) if over else cfg

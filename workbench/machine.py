@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from workbench.data_io import REPO_ROOT
 
 # Instruction-set flags that change which CPU kernels are fastest (oneDNN, Inductor, MKL).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -92,7 +92,7 @@ def cache_sizes() -> dict[str, int | None]:
 
 
 @lru_cache(maxsize=1)
-def git_commit(root: str | Path = ROOT) -> str | None:
+def git_commit(root: str | Path = REPO_ROOT) -> str | None:
     """Short commit of the checkout, with ``+dirty`` when tracked files are modified.
 
     ``None`` outside a git checkout (an installed wheel) or without git.

@@ -11,7 +11,7 @@ import pytest
 from helpers import busy_provisional
 
 from workbench.__main__ import main
-from workbench.bench import results
+from workbench.data_io import load_result_files
 from workbench.machine import machine_info
 
 
@@ -40,7 +40,7 @@ def test_bench_spec_records_machine_load_flags(micro_target: Path, tmp_path: Pat
     entry = per_machine["benchmarks"]["spec"]
     assert entry["command"].startswith("python -m workbench bench spec")
     assert entry["summary"][0]["arm"] == "baseline"
-    assert results.load_all(out)[kind]["machine"]["cpu"] == doc["machine"]["cpu"]
+    assert load_result_files(out)[kind]["machine"]["cpu"] == doc["machine"]["cpu"]
 
 
 def test_engine_flag_errors_name_the_field(micro_target: Path, tmp_path: Path) -> None:

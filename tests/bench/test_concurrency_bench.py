@@ -97,15 +97,15 @@ def test_cli_threshold_quick(micro_target: Path, random_head: Path, tmp_path: Pa
                              monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     from workbench import __main__ as cli
-    from workbench.bench import workloads
+    from workbench import data_io
 
-    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    monkeypatch.setattr(data_io, "PROMPTS_DIR", tmp_path / "prompts")
     argv = ["bench", "threshold", "--model", str(micro_target), "--draft", str(random_head),
             "--out", str(tmp_path / "res"), "--quick", "--max-new-tokens", "4", "--prompts", "2"]
     assert cli.main(argv) == 1  # no prompts yet: one error line says how to make them
     assert re.search("error: ConfigError: .*make-prompts", capsys.readouterr().err)
-    workloads.save_prompts([workloads.Prompt("a", "code", "def f(x):\n", "t"),
-                            workloads.Prompt("b", "code", "import os\n", "t")],
+    data_io.save_prompts([data_io.Prompt("a", "code", "def f(x):\n", "t"),
+                            data_io.Prompt("b", "code", "import os\n", "t")],
                            tmp_path / "prompts" / "heldout.jsonl")
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
@@ -114,10 +114,10 @@ def test_cli_threshold_quick(micro_target: Path, random_head: Path, tmp_path: Pa
 
 
 def _write_prompts(folder: Path) -> None:
-    from workbench.bench import workloads
+    from workbench import data_io
 
-    workloads.save_prompts([workloads.Prompt("a", "code", "def f(x):\n", "t"),
-                            workloads.Prompt("b", "code", "import os\n", "t")],
+    data_io.save_prompts([data_io.Prompt("a", "code", "def f(x):\n", "t"),
+                            data_io.Prompt("b", "code", "import os\n", "t")],
                            folder / "heldout.jsonl")
 
 
@@ -126,9 +126,9 @@ def test_cli_bs1_benches(which: str, micro_target: Path, random_head: Path, tmp_
                          monkeypatch: pytest.MonkeyPatch,
                          capsys: pytest.CaptureFixture[str]) -> None:
     from workbench import __main__ as cli
-    from workbench.bench import workloads
+    from workbench import data_io
 
-    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    monkeypatch.setattr(data_io, "PROMPTS_DIR", tmp_path / "prompts")
     _write_prompts(tmp_path / "prompts")
     argv = ["bench", which, "--model", str(micro_target), "--draft", str(random_head),
             "--out", str(tmp_path / "res"), "--max-new-tokens", "4", "--prompts", "2"]
@@ -141,9 +141,10 @@ def test_cli_concurrency_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
     """--url sweeps a running server level by level through workbench.bench.http."""
     from workbench import __main__ as cli
-    from workbench.bench import http, workloads
+    from workbench import data_io
+    from workbench.bench import http
 
-    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    monkeypatch.setattr(data_io, "PROMPTS_DIR", tmp_path / "prompts")
     _write_prompts(tmp_path / "prompts")
     calls: list[tuple[int, int]] = []
 

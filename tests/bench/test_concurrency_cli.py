@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from workbench import data_io
 from workbench.__main__ import main
-from workbench.bench import workloads
 from workbench.models.synthetic import write_random_head
 
 
 @pytest.fixture
 def prompts_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(workloads, "PROMPTS_DIR", tmp_path / "prompts")
+    monkeypatch.setattr(data_io, "PROMPTS_DIR", tmp_path / "prompts")
     monkeypatch.setenv("WORKBENCH_AUTOTUNE_CACHE", str(tmp_path / "at.json"))
-    workloads.save_prompts([workloads.Prompt("a", "code", "def f(x):\n", "t"),
-                            workloads.Prompt("b", "code", "import os\n", "t")],
+    data_io.save_prompts([data_io.Prompt("a", "code", "def f(x):\n", "t"),
+                            data_io.Prompt("b", "code", "import os\n", "t")],
                            tmp_path / "prompts" / "heldout.jsonl")
     return tmp_path / "prompts"
 

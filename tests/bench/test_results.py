@@ -9,6 +9,7 @@ from pathlib import Path
 
 from workbench.bench import results
 from workbench.bench.sanity import Flag, report
+from workbench.data_io import load_result_files
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = {"cpu": "Intel(R) Xeon(R) Platinum 8581C CPU @ 2.10GHz", "kind": None, "cores": 2,
@@ -29,7 +30,7 @@ def test_runs_merge_per_machine_kind(tmp_path: Path) -> None:
     assert doc["benchmarks"]["spec"]["flags"] == ["loaded"]
     assert doc["benchmarks"]["spec"]["load"]["before"][0] == 3.0
     assert doc["machine"]["l3"] == 260 << 20
-    assert list(results.load_all(tmp_path)) == ["intel-xeon-platinum-8581c"]
+    assert list(load_result_files(tmp_path)) == ["intel-xeon-platinum-8581c"]
 
 
 def test_model_card_section_names_machine_and_command(tmp_path: Path) -> None:

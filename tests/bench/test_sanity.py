@@ -3,13 +3,10 @@ those; confidence intervals match Student's t; machine facts are present."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
-import pytest
 
 from workbench.bench import sanity
-from workbench.bench.sanity import Flag, LoadSampler, mark, mean_ci, sanity_flags
+from workbench.bench.sanity import Flag, LoadSampler, mark, sanity_flags
 from workbench.machine import format_machine, machine_info, machine_kind
 
 
@@ -83,26 +80,6 @@ def test_mark_puts_codes_on_the_matching_rows() -> None:
     assert "flags" not in df  # a copy
     run_wide = mark(df, [Flag("loaded", "load 3 > 2 cores")])
     assert set(run_wide["flags"]) == {"loaded"}
-
-
-def test_mean_ci_student_t() -> None:
-    m, lo, hi = mean_ci([1.0, 2.0, 3.0, 4.0])
-    assert m == 2.5
-    half = 3.182446305284 * math.sqrt(5 / 3) / 2  # t(0.975, 3) · s / √n
-    assert lo == pytest.approx(2.5 - half, rel=1e-9) and hi == pytest.approx(2.5 + half, rel=1e-9)
-    assert mean_ci([7.0]) == (7.0, 7.0, 7.0)
-    assert all(math.isnan(x) for x in mean_ci([]))
-    assert sanity.t_quantile(0.975, 1) == pytest.approx(12.7062047362, rel=1e-9)
-    assert sanity.t_quantile(0.95, 10) == pytest.approx(1.8124611228, rel=1e-9)
-    with pytest.raises(ValueError, match="conf"):
-        mean_ci([1.0, 2.0], conf=1.5)
-
-
-def test_ci_columns_per_group() -> None:
-    df = pd.DataFrame({"arm": ["a", "a", "b", "b"], "tok_s": [1.0, 3.0, 5.0, 5.0]})
-    ci = sanity.ci_columns(df, ["arm"], "tok_s").set_index("arm")
-    assert ci.loc["a", "tok_s"] == 2.0 and ci.loc["a", "tok_s_lo"] < 2.0 < ci.loc["a", "tok_s_hi"]
-    assert ci.loc["b", "tok_s_lo"] == ci.loc["b", "tok_s_hi"] == 5.0
 
 
 def test_load_sampler_and_report() -> None:

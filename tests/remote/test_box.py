@@ -11,7 +11,8 @@ from plans import PRODUCED
 from serve.serving import TEXT_PROMPTS
 
 import workbench as wb
-from workbench.remote.box import split_urls, sweep_threshold, threshold_rule
+from workbench.bench.threshold import sweep_threshold
+from workbench.remote.box import split_urls, threshold_rule
 from workbench.remote.launch import plan_from_threshold
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
-from workbench.bench.workloads import load_prompt_records
 from workbench.config import SamplingParams
+from workbench.data_io import load_prompt_records
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = Path(os.environ.get("WORKBENCH_REAL_TARGET",

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.bench.spec import bootstrap_ratio
-from workbench.bench.workloads import load_prompt_records
+from workbench.data_io import load_prompt_records
 from workbench.errors import ConfigError
 from workbench.models.config import ModelConfig
 from workbench.train.eagle3 import DraftTrainConfig
@@ -70,13 +69,6 @@ def test_pretokenized_corpus_is_read_as_is_and_checked(tmp_path: Path) -> None:
     np.savez(f, train=train)
     with pytest.raises(ConfigError, match="heldout"):
         corpus_tokens(cfg, tmp_path, _mcfg())
-
-
-def test_bootstrap_ratio_brackets_the_ratio_of_sums() -> None:
-    point, lo, hi = bootstrap_ratio([3, 4, 5, 2], [1, 2, 2, 1])
-    assert point == pytest.approx(14 / 6)
-    assert lo <= point <= hi
-    assert bootstrap_ratio([2, 2], [1, 1])[1:] == (2.0, 2.0)
 
 
 def test_tau_bench_on_the_toy_pair() -> None:

@@ -13,7 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench import data_io
 from workbench.bench.cli_output import print_choices, run_choices
+from workbench.config import engine_config, parse_overrides
+from workbench.data_io import load_prompts, read_prompts_file
 from workbench.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -25,12 +28,10 @@ QUICK_LEVELS = (1, 4, 16)
 def prompts(ns: argparse.Namespace) -> list[str]:
     """``--prompts-file F.jsonl`` (every prompt in it), else ``--prompts`` held-out prompts
     (at most 4 with ``--quick``)."""
-    from workbench.bench.workloads import PROMPTS_DIR, load_prompts, read_prompts_file
-
     if getattr(ns, "prompts_file", None):
         return read_prompts_file(ns.prompts_file)
 
-    path = PROMPTS_DIR / "heldout.jsonl"
+    path = data_io.PROMPTS_DIR / "heldout.jsonl"  # read at call time: tests point it elsewhere
     if not path.is_file():
         raise ConfigError(f"bench: no prompts at {path}; write them first with "
                           "`python -m workbench make-prompts`")
@@ -45,42 +46,7 @@ def prompts(ns: argparse.Namespace) -> list[str]:
 def engine_overrides(ns: argparse.Namespace, attr: str = "engine") -> dict[str, Any]:
     """``--engine gemm=dense,threads=2`` → {"gemm": "dense", "threads": 2} (errors name the
     flag and the field); ``attr="engine_b"`` reads ``--engine-b``."""
-    from workbench.config import EngineConfig
-
-    flag = "--" + attr.replace("_", "-")
-    raw = str(getattr(ns, attr, "") or "").strip()
-    out: dict[str, Any] = {}
-    if not raw:
-        return out
-    fields = EngineConfig.__dataclass_fields__
-    for part in raw.split(","):
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq or key not in fields:
-            raise ConfigError(f"{flag}: {part!r} is not KEY=VALUE with KEY an EngineConfig "
-                              f"field ({', '.join(sorted(fields))})")
-        v: Any = value.strip()
-        default = getattr(EngineConfig(), key)
-        if isinstance(default, bool):
-            if v.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise ConfigError(f"{flag} {key}: expected true/false, got {value!r}")
-            v = v.lower() in ("true", "1", "on")
-        elif isinstance(default, int) or key in ("max_model_len",):
-            try:
-                v = int(v)
-            except ValueError:
-                raise ConfigError(f"{flag} {key}: expected an integer, got {value!r}") from None
-        out[key] = v
-    return out
-
-
-def engine_config(ns: argparse.Namespace, **base: Any) -> Any:
-    """EngineConfig(**base) with the ``--engine`` overrides on top."""
-    import workbench as wb
-
-    cfg = wb.EngineConfig(**base)
-    over = engine_overrides(ns)
-    return dataclasses.replace(cfg, **over) if over else cfg
+    return parse_overrides(str(getattr(ns, attr, "") or ""), "--" + attr.replace("_", "-"))
 
 
 def model_exists(path: Path) -> bool:

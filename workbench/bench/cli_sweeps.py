@@ -156,8 +156,8 @@ def bench_http(ns: argparse.Namespace) -> int:
 
 
 def bench_threshold(ns: argparse.Namespace) -> int:
-    if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.remote.box)
-        from workbench.remote.box import sweep_threshold
+    if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.bench.threshold)
+        from workbench.bench.threshold import sweep_threshold
 
         sweep_threshold(ns.url, args.prompts(ns), args.levels(ns), args.max_new(ns), ns.out)
         return 0

@@ -39,11 +39,12 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.sanity import LoadSampler, mark, mean_ci, report, sanity_flags
+from workbench.bench.sanity import LoadSampler, mark, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
 from workbench.machine import loadavg, machine_info
 from workbench.policy.policies import Always, BatchThreshold, Never, RandomFlip, RecordingPolicy
+from workbench.stats import mean_ci, percentile
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -127,10 +128,6 @@ def policy_bases(arms: Mapping[str, SpecConfig | None]) -> dict[str, dict[str, A
 class _Run:
     outputs: dict[int, list[int]]  # prompt index → output ids (first request that used it)
     row: dict[str, Any]
-
-
-def _pct(xs: Sequence[float], q: float) -> float:
-    return float(np.percentile(xs, q)) if len(xs) else float("nan")
 
 
 class _Loop:
@@ -235,9 +232,9 @@ class _Loop:
             "concurrency": self.concurrency, "requests": len(self.metrics),
             "tokens": self.tokens, "seconds": seconds,
             "tok_s": self.tokens / seconds if seconds > 0 else float("nan"),
-            "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-            "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
-            "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "tpot_p50_ms": percentile(tpot, 50), "tpot_p99_ms": percentile(tpot, 99),
+            "itl_p50_ms": percentile(itl, 50), "itl_p99_ms": percentile(itl, 99),
             "tau": float(np.mean(accepts)) if accepts else 1.0,
             "spec_share": steps["spec"] / max(1, steps["spec"] + steps["plain"]),
             "decode_steps": steps["spec"] + steps["plain"],
@@ -403,7 +400,7 @@ def _add_ratios(df: pd.DataFrame) -> pd.DataFrame:
 def summarize(df: pd.DataFrame, conf: float = 0.95) -> pd.DataFrame:
     """Mean over repeats: one row per (arm, concurrency). With more than one repeat also
     ``tok_s_lo/hi`` and ``vs_baseline_lo/hi``: Student-t confidence intervals at ``conf``
-    (``workbench.bench.sanity.mean_ci``); a ``flags`` column is kept (joined codes)."""
+    (``workbench.stats.mean_ci``); a ``flags`` column is kept (joined codes)."""
     skip = ("arm", "concurrency", "repeat", "lossless", "flags")
     num = [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])]
     g = df.groupby(["arm", "concurrency"], sort=False)

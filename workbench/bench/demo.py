@@ -12,14 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from workbench.data_io import DATA_DIR, REPO_ROOT, load_prompts
 
 
 def run(ns: argparse.Namespace) -> int:
     import workbench as wb
     from workbench.bench.cli_output import announce_conditions
     from workbench.bench.spec import run_spec_bench
-    from workbench.bench.workloads import load_prompts
     from workbench.engine.autotune import provisional_names
 
     conditions = announce_conditions()  # the first line: is this machine busy?
@@ -48,14 +47,14 @@ def run(ns: argparse.Namespace) -> int:
               "figures are provisional and may understate the speedup; rerun on a quiet "
               "machine (`python -m workbench bench load` measures speed beside a competing "
               "process, docs/PERFORMANCE.md)")
-    path = res.save(ROOT / "data" / "results", "demo")
+    path = res.save(DATA_DIR / "results", "demo")
     print(f"\nresults: {path}")
     engine.close()
-    exporter = ROOT / "scripts" / "export_reports.py"
+    exporter = REPO_ROOT / "scripts" / "export_reports.py"
     if exporter.is_file():
         subprocess.run([sys.executable, str(exporter), "--fast",
-                        str(ROOT / "notebooks" / "01_quickstart.ipynb")], check=True)
-        page = ROOT / "reports" / "quickstart.html"
-        shutil.copyfile(ROOT / "reports" / "01_quickstart.html", page)
+                        str(REPO_ROOT / "notebooks" / "01_quickstart.ipynb")], check=True)
+        page = REPO_ROOT / "reports" / "quickstart.html"
+        shutil.copyfile(REPO_ROOT / "reports" / "01_quickstart.html", page)
         print(f"report: {page}")
     return 0 if res.summary["lossless"].all() else 1

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from workbench.errors import RequestFailed
 from workbench.remote.sglang import round_accept_lengths
+from workbench.stats import percentile
 
 Mode = Literal["closed", "poisson"]
 Api = Literal["generate", "completions"]
@@ -197,20 +198,11 @@ def _run_sync(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def _summary(name: str, xs: list[float]) -> dict[str, float]:
     ms = [x * 1e3 for x in xs if not math.isnan(x)]
     return {f"mean_{name}_ms": statistics.fmean(ms) if ms else math.nan,
-            f"median_{name}_ms": _pct(ms, 50), f"p50_{name}_ms": _pct(ms, 50),
-            f"p90_{name}_ms": _pct(ms, 90), f"p99_{name}_ms": _pct(ms, 99),
+            f"median_{name}_ms": percentile(ms, 50), f"p50_{name}_ms": percentile(ms, 50),
+            f"p90_{name}_ms": percentile(ms, 90), f"p99_{name}_ms": percentile(ms, 99),
             f"max_{name}_ms": max(ms) if ms else math.nan}
 
 

@@ -40,6 +40,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pandas as pd
 
 from workbench.errors import ConfigError
+from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -187,7 +188,6 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
                        num_pred_tokens: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Returns (per-prompt rows, summary, peer facts: llama.cpp's version, build features,
     threads, weights' bytes, tokenizer agreement, first divergences)."""
-    from workbench.bench.sanity import mean_ci
     from workbench.config import SamplingParams
 
     if repeats < 1:
@@ -266,7 +266,7 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
                                  "first_divergence": first_divergence(out, outs[WB]),
                                  "tokens_ids": out if r == 0 else None})
     df = pd.DataFrame(rows)
-    summary = _summary(df, list(arms), startup, repeats, mean_ci)
+    summary = _summary(df, list(arms), startup, repeats)
     facts = {"llama_cpp": info["version"], "system_info": info["system_info"],
              "threads": threads, "gguf": str(gguf), "n_ctx": n_ctx,
              "num_pred_tokens": num_pred_tokens, "tokenizer_agrees": tokenizer_agrees,
@@ -312,8 +312,8 @@ def _divergences(df: pd.DataFrame, decode: Any = None) -> dict[str, Any]:
     return out
 
 
-def _summary(df: pd.DataFrame, arms: list[str], startup: dict[str, float], repeats: int,
-             mean_ci: Any) -> pd.DataFrame:
+def _summary(df: pd.DataFrame, arms: list[str], startup: dict[str, float],
+             repeats: int) -> pd.DataFrame:
     g = df.groupby("arm", sort=False).agg(tokens=("tokens", "sum"), seconds=("seconds", "sum"),
                                           steps=("steps", "sum"),
                                           same_as_plain=("same_as_plain", "all"))

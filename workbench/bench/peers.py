@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
+from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -58,7 +59,6 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
     small CPU; the CLI leaves it out with ``--quick``)."""
     from transformers import AutoModelForCausalLM
 
-    from workbench.bench.sanity import mean_ci
     from workbench.models.loader import transformers_source
 
     if repeats < 1:

@@ -30,23 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.workloads import is_chat_messages, read_jsonl_records
+import pandas as pd
+
+from workbench.bench.concurrency import summarize
+from workbench.data_io import chat_messages_of, load_json, load_result_files, read_jsonl_records
 from workbench.errors import ConfigError
-
-
-def chat_messages_of(obj: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """One record of ``read_jsonl_records`` → chat messages (errors start with ``where``: the
-    file and the line)."""
-    if "messages" in obj:
-        msgs = obj["messages"]
-        if not is_chat_messages(msgs):
-            raise ConfigError(f"{where}: 'messages' must be a non-empty list of objects with "
-                              "string 'role' and 'content'")
-        return [{"role": m["role"], "content": m["content"]} for m in msgs]
-    text = obj.get("prompt")
-    if not isinstance(text, str) or not text:
-        raise ConfigError(f"{where}: expected 'messages' or a non-empty string 'prompt'")
-    return [{"role": "user", "content": text}]
+from workbench.markdown import MISSING, num, row_interval, table
 
 
 def interleave(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -94,23 +83,6 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
     return dst
 
 
-def _num(x: Any, fmt: str = ".2f") -> str:
-    return "—" if x is None or x != x else format(float(x), fmt)
-
-
-def _x(x: Any) -> str:
-    return "—" if x is None or x != x else f"{float(x):.2f}×"
-
-
-def _ci(row: dict[str, Any], key: str, fmt: str = ".2f", unit: str = "") -> str:
-    """``value (lo–hi)`` when the row has the interval, else the value."""
-    v = _num(row.get(key), fmt) + unit
-    lo, hi = row.get(f"{key}_lo"), row.get(f"{key}_hi")
-    if lo is None or hi is None or lo != lo or hi != hi:
-        return v
-    return f"{v} ({_num(lo, fmt)}–{_num(hi, fmt)})"
-
-
 def _stamp(doc: dict[str, Any], run: dict[str, Any] | None) -> str:
     """One line: machine kind, cores, load before/after, flags, commit and command."""
     m = doc.get("machine") or {}
@@ -125,76 +97,62 @@ def _stamp(doc: dict[str, Any], run: dict[str, Any] | None) -> str:
             f"`{run.get('commit', m.get('commit', '?'))}`; `{run.get('command', '?')}`")
 
 
+def _yes(x: Any) -> str:
+    return "yes" if x else "no"
+
+
 def report(folder: str | Path) -> str:
     """Markdown tables of the results in ``folder`` (module docstring); a missing result is
     said so, never invented."""
     out = Path(folder)
     runs: dict[str, Any] = {}
-    for kind_file in sorted(out.glob("*.json")):
-        doc = json.loads(kind_file.read_text())
-        if isinstance(doc, dict) and "benchmarks" in doc:
-            runs.update(doc["benchmarks"])
+    for doc in load_result_files(out).values():
+        runs.update(doc["benchmarks"])
     lines: list[str] = []
-    peers = out / "peers.json"
-    if peers.is_file():
-        doc = json.loads(peers.read_text())
+    doc = load_json(out / "peers.json")
+    if doc:
+        rows = [[r["arm"], row_interval(r, "tok_s"), row_interval(r, "vs_hf_generate", unit="×"),
+                 MISSING if r.get("vs_hf_paired") is None else
+                 f"{row_interval(r, 'vs_hf_paired', unit='×')}, n = {int(r.get('pairs') or 0)}",
+                 _yes(r.get("same_as_hf"))] for r in doc["summary"]]
         lines += ["bs=1, greedy, arms interleaved per prompt (`bench peers`): "
                   + _stamp(doc, runs.get("peers")), "",
-                  "| arm | tok/s | vs HF `generate` (totals) | per prompt vs HF `generate` "
-                  "(geometric mean, 95 %) | same tokens as HF |", "|---|---|---|---|---|"]
-        for r in doc["summary"]:
-            paired = "—" if r.get("vs_hf_paired") is None else \
-                f"{_ci(r, 'vs_hf_paired', unit='×')}, n = {int(r.get('pairs') or 0)}"
-            lines.append(f"| {r['arm']} | {_ci(r, 'tok_s')} | "
-                         f"{_ci(r, 'vs_hf_generate', unit='×')} | {paired} | "
-                         f"{'yes' if r.get('same_as_hf') else 'no'} |")
-        lines.append("")
+                  table(["arm", "tok/s", "vs HF `generate` (totals)", "per prompt vs HF "
+                         "`generate` (geometric mean, 95 %)", "same tokens as HF"], rows)]
     else:
         lines += [f"no `bench peers` result in {out}", ""]
-    spec = out / "spec_bs1.json"
-    if spec.is_file():
-        doc = json.loads(spec.read_text())
+    doc = load_json(out / "spec_bs1.json")
+    if doc:
+        rows = [[r["arm"], num(r.get("tau")), row_interval(r, "tok_s"),
+                 row_interval(r, "speedup", unit="×"),
+                 MISSING if r.get("verify_ratio") is None else
+                 f"{num(r.get('verify_ratio'))} + {num(r.get('draft_ratio'))}",
+                 num(r.get("ceiling"), unit="×"), num(r.get("of_ceiling_step")),
+                 num(None if r.get("overhead") is None else 100 * r["overhead"], ".0f", " %"),
+                 num(r.get("of_ceiling")), _yes(r.get("lossless"))] for r in doc["summary"]]
         lines += ["EAGLE-3 vs its own baseline, bs=1, greedy (`bench spec`): "
                   + _stamp(doc, runs.get("spec")), "",
-                  "| arm | τ | tok/s | speedup | verify + drafts (plain steps) | per-step "
-                  "ceiling | step / ceiling | overhead | speedup / ceiling | lossless |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in doc["summary"]:
-            cost = "—" if r.get("verify_ratio") is None else \
-                f"{_num(r.get('verify_ratio'))} + {_num(r.get('draft_ratio'))}"
-            over = r.get("overhead")
-            lines.append(
-                f"| {r['arm']} | {_num(r.get('tau'))} | {_ci(r, 'tok_s')} | "
-                f"{_ci(r, 'speedup', unit='×')} | {cost} | {_x(r.get('ceiling'))} | "
-                f"{_num(r.get('of_ceiling_step'))} | "
-                f"{'—' if over is None else _num(100 * over, '.0f') + ' %'} | "
-                f"{_num(r.get('of_ceiling'))} | {'yes' if r.get('lossless') else 'no'} |")
-        lines.append("")
+                  table(["arm", "τ", "tok/s", "speedup", "verify + drafts (plain steps)",
+                         "per-step ceiling", "step / ceiling", "overhead",
+                         "speedup / ceiling", "lossless"], rows)]
     else:
         lines += [f"no `bench spec` result in {out}", ""]
-    pol = out / "concurrency_policies.json"
-    if pol.is_file():
-        import pandas as pd
-
-        from workbench.bench.concurrency import summarize
-
-        doc = json.loads(pol.read_text())
+    doc = load_json(out / "concurrency_policies.json")
+    if doc:
         s = summarize(pd.DataFrame(doc["rows"]))
         never = s[s["arm"] == "never"].set_index("concurrency")["tok_s"]
         s["vs_never"] = s["tok_s"] / s["concurrency"].map(never)
         cfg = doc.get("config") or {}
+        rows = [[r["arm"], r["concurrency"], row_interval(r, "tok_s"),
+                 row_interval(r, "vs_baseline", unit="×"), num(r.get("vs_never"), unit="×"),
+                 num(r.get("tau")), num(r.get("spec_share")),
+                 _yes(r.get("lossless") in (True, None))] for r in s.to_dict(orient="records")]
         lines += ["closed-loop concurrency sweep, every named policy (`bench concurrency "
                   f"--policy`, {'interleaved' if cfg.get('interleaved') else 'sequential'}, "
                   f"{cfg.get('max_new_tokens', '?')} new tokens): "
                   + _stamp(doc, runs.get("concurrency_policies")), "",
-                  "| policy | concurrency | tok/s | vs baseline | vs never | τ | share of steps "
-                  "speculating | lossless |", "|---|---|---|---|---|---|---|---|"]
-        for r in s.to_dict(orient="records"):
-            lines.append(f"| {r['arm']} | {r['concurrency']} | {_ci(r, 'tok_s')} | "
-                         f"{_ci(r, 'vs_baseline', unit='×')} | {_num(r.get('vs_never'))}× | "
-                         f"{_num(r.get('tau'))} | {_num(r.get('spec_share'))} | "
-                         f"{'yes' if r.get('lossless') in (True, None) else 'no'} |")
-        lines.append("")
+                  table(["policy", "concurrency", "tok/s", "vs baseline", "vs never", "τ",
+                         "share of steps speculating", "lossless"], rows)]
     else:
         lines += [f"no `bench concurrency --policy` result in {out}", ""]
     return "\n".join(lines)

@@ -53,16 +53,3 @@ def record(folder: str | Path, bench: str, summary: list[dict[str, Any]],
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return path
-
-
-def load_all(folder: str | Path) -> dict[str, dict[str, Any]]:
-    """kind → document, for every per-machine file in ``folder``."""
-    out: dict[str, dict[str, Any]] = {}
-    for p in sorted(Path(folder).glob("*.json")):
-        try:
-            doc = json.loads(p.read_text())
-        except json.JSONDecodeError:
-            continue
-        if isinstance(doc, dict) and "benchmarks" in doc and "machine" in doc:
-            out[p.stem] = doc
-    return out

@@ -31,7 +31,8 @@ with each other. This module gives every ``bench`` result (and a notebook) the m
 
 * :func:`mark` — adds a ``flags`` column (comma-separated codes, "" when clean) to a table;
 * :func:`report` — the ``{"machine", "load", "flags"}`` block every result file carries;
-* :func:`mean_ci` — mean and Student-t confidence interval over repeats.
+* :func:`mean_ci` / :func:`ci_columns` — mean and Student-t confidence interval over repeats
+  (``workbench.stats``, imported here for the pages that read them from this module).
 
 Use from a notebook::
 
@@ -61,6 +62,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.machine import loadavg, machine_info
+from workbench.stats import ci_columns, mean_ci  # noqa: F401  (pages: sanity.mean_ci)
 
 LOADED = "loaded"
 TOK_S_VS_ITL = "tok_s_vs_itl"
@@ -146,7 +148,7 @@ def _rows(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> list[dict[str, An
     return [dict(r) for r in rows]
 
 
-def _num(row: Mapping[str, Any], key: str) -> float | None:
+def _get(row: Mapping[str, Any], key: str) -> float | None:
     v = row.get(key)
     if v is None or isinstance(v, str):
         return None
@@ -193,11 +195,11 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
                 break
     # 2. tok/s vs tokens per step × 1000 / ITL p50, at concurrency 1, uniform arms only
     for r in table:
-        c, tok_s, itl = _num(r, "concurrency"), _num(r, "tok_s"), _num(r, "itl_p50_ms")
+        c, tok_s, itl = _get(r, "concurrency"), _get(r, "tok_s"), _get(r, "itl_p50_ms")
         if (c if c is not None else 1.0) != 1.0 or tok_s is None or itl is None or itl <= 0:
             continue
-        share = _num(r, "spec_share")
-        tau = _num(r, "tau") or 1.0
+        share = _get(r, "spec_share")
+        tau = _get(r, "tau") or 1.0
         if share is None:
             per_step = tau
         elif share <= 0.01:
@@ -208,7 +210,7 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
             continue  # a mix of plain and speculative steps: ITL p50 is one of the two
         expect = per_step * 1000.0 / itl
         formula = f"{per_step:.2f} × 1000 / ITL p50 {itl:.2f} ms"
-        ttft, tokens, requests = _num(r, "ttft_p50_ms"), _num(r, "tokens"), _num(r, "requests")
+        ttft, tokens, requests = _get(r, "ttft_p50_ms"), _get(r, "tokens"), _get(r, "requests")
         if ttft is not None and tokens and requests:
             # at c=1 a request's time is its TTFT plus its remaining tokens' steps: with short
             # outputs the TTFT is a sizeable share, so the plain 1000/ITL would flag every run
@@ -224,9 +226,9 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
     # 3. never vs baseline at the same level (mean over repeats)
     by: dict[float, dict[str, list[float]]] = {}
     for r in table:
-        arm, tok_s = r.get("arm"), _num(r, "tok_s")
+        arm, tok_s = r.get("arm"), _get(r, "tok_s")
         if arm in ("never", "baseline") and tok_s is not None:
-            c = _num(r, "concurrency") or 1.0
+            c = _get(r, "concurrency") or 1.0
             by.setdefault(c, {}).setdefault(str(arm), []).append(tok_s)
     for c, arms in sorted(by.items()):
         if "never" in arms and "baseline" in arms:
@@ -240,10 +242,10 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
                                    "baseline_tok_s": bl}))
     # 4. speedup above tau, for rows that speculated
     for r in table:
-        speed: float | None = _num(r, "speedup")
+        speed: float | None = _get(r, "speedup")
         if speed is None:
-            speed = _num(r, "vs_baseline")
-        accept, share = _num(r, "tau"), _num(r, "spec_share")
+            speed = _get(r, "vs_baseline")
+        accept, share = _get(r, "tau"), _get(r, "spec_share")
         if speed is None or accept is None or (share is not None and share <= 0.0):
             continue
         if r.get("arm") in ("baseline", "never") or accept <= 1.0 and share is None:
@@ -283,7 +285,7 @@ def contention_flags(conditions: Mapping[str, Any] | None) -> list[Flag]:
 
 
 def _at(r: Mapping[str, Any]) -> str:
-    c = _num(r, "concurrency")
+    c = _get(r, "concurrency")
     return "" if c is None else f" at c={c:g}"
 
 
@@ -347,98 +349,6 @@ def print_flags(flags: Sequence[Flag], limit: int = 12) -> None:
                 counts[f.code] = counts.get(f.code, 0) + 1
         print("  ... and " + ", ".join(f"{n} more [{c}]" for c, n in counts.items())
               + " (all in the saved JSON)")
-
-
-# ---------------------------------------------------------------------- confidence intervals
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c if abs(1.0 + aa / c) > tiny else tiny
-        de = d * c
-        h *= de
-        if abs(de - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) \
-        + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: int) -> float:
-    """Student-t CDF with ``df`` degrees of freedom."""
-    x = df / (df + t * t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Inverse of :func:`t_cdf` (bisection; exact to ~1e-10), ``0 < p < 1``."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
-    if df < 1:
-        raise ValueError(f"t_quantile: df must be >= 1, got {df}")
-    lo, hi = -1e6, 1e6
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-10 * max(1.0, abs(mid)):
-            break
-    return 0.5 * (lo + hi)
-
-
-def mean_ci(values: Sequence[float], conf: float = 0.95) -> tuple[float, float, float]:
-    """``(mean, lo, hi)``: the mean of ``values`` and its two-sided Student-t confidence
-    interval at level ``conf`` (the repeats of one measurement). One value: lo = hi = mean
-    (no spread measured, not a claim of none). NaNs are dropped."""
-    if not 0.0 < conf < 1.0:
-        raise ValueError(f"mean_ci: conf must be in (0, 1), got {conf}")
-    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not xs:
-        return (math.nan, math.nan, math.nan)
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return (m, m, m)
-    half = t_quantile(0.5 + conf / 2.0, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return (m, m - half, m + half)
-
-
-def ci_columns(df: pd.DataFrame, by: Sequence[str], value: str,
-               conf: float = 0.95) -> pd.DataFrame:
-    """Per group of ``by``: ``<value>`` (mean), ``<value>_lo``, ``<value>_hi`` and ``n``
-    over the rows (repeats) of ``df``."""
-    rows = []
-    for key, g in df.groupby(list(by), sort=False):
-        keys = key if isinstance(key, tuple) else (key,)
-        m, lo, hi = mean_ci(g[value].tolist(), conf)
-        rows.append({**dict(zip(by, keys, strict=True)), value: m, f"{value}_lo": lo,
-                     f"{value}_hi": hi, "n": len(g)})
-    return pd.DataFrame(rows)
 
 
 def exit_code(ok: bool, flags: Sequence[Flag], strict: bool) -> int:

@@ -44,6 +44,7 @@ from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
 from workbench.machine import machine_info
 from workbench.models.synthetic import TargetShape, random_pair
+from workbench.stats import mean_ratio, ratio_of
 
 # The shipped target first; then deeper (as real 32-80-layer targets are), then wider.
 SHAPES: dict[str, TargetShape] = {
@@ -154,8 +155,6 @@ STEP_TOLERANCE = 0.10  # plain-step cost of a trained vs a random pair of one sh
 
 def _prompt_ci(per_prompt: pd.DataFrame, arm: str) -> dict[str, float]:
     """speedup_lo/hi over the prompts' paired ratios (geometric, t on the log); {} for one."""
-    from workbench.viz.prose import ratio_of
-
     base = per_prompt[per_prompt["arm"] == "baseline"].set_index("prompt")["tok_s"]
     mine = per_prompt[per_prompt["arm"] == arm].set_index("prompt")["tok_s"]
     ratios = (mine / base.reindex(mine.index)).dropna().tolist()
@@ -171,8 +170,6 @@ def trained_vs_random(df: pd.DataFrame, steps: Mapping[str, Mapping[str, Sequenc
     (layers, hidden) disagrees beyond noise: speedup intervals that do not overlap, or plain
     step costs (``steps``: label → {"plain_ms": samples}) whose ratio's interval lies wholly
     outside 1 ± :data:`STEP_TOLERANCE`. One flag on each of the two rows (matched by shape)."""
-    from workbench.viz.prose import mean_ratio
-
     flags: list[Flag] = []
     if "random" not in df.columns:
         return flags

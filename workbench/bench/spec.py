@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.bench.step_cost import PHASES, ForwardClock, decode_costs, forwards_ms
+from workbench.bench.cli_args import engine_overrides
+from workbench.bench.sanity import LoadSampler, mark, report, sanity_flags
+from workbench.bench.step_cost import PHASES, ForwardClock, decode_costs, forwards_ms, phase_costs
 from workbench.config import SamplingParams, SpecConfig
-from workbench.machine import machine_info
+from workbench.data_io import load_prompt_records
+from workbench.machine import git_commit, machine_info
+from workbench.stats import bootstrap_ratio, mean_ci
 
 if TYPE_CHECKING:
     from workbench.core import RequestOutput
@@ -66,15 +70,11 @@ class SpecBenchResult:
     machine: dict[str, Any]
 
     def flags(self) -> list[Any]:
-        from workbench.bench.sanity import sanity_flags
-
         return sanity_flags(self.summary, load=self.machine.get("load"))
 
     def save(self, folder: str | Path, name: str = "spec_bs1") -> Path:
         """``<name>_per_prompt.csv``, ``<name>.csv`` (summary with a ``flags`` column) and
         ``<name>.json`` (machine, load, flags, summary)."""
-        from workbench.bench.sanity import mark, report
-
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         flags = self.flags()
@@ -115,8 +115,6 @@ def run_spec_bench(engine: Engine, prompts: list[str],
     ceiling_e2e); ``prefill_ratio``, the baseline's prefill step. A traced pass over the first
     STEP_COST_PROMPTS prompts (after the timed one; the arms in turns per
     prompt) then says where the overhead sits: ``overhead_<phase>_ms``."""
-    from workbench.bench.sanity import LoadSampler, mean_ci
-
     if repeats < 1:
         raise ValueError(f"run_spec_bench: repeats must be >= 1, got {repeats}")
     arms = arms or DEFAULT_ARMS
@@ -164,8 +162,6 @@ def run_spec_bench(engine: Engine, prompts: list[str],
                 g.loc[arm, ["speedup_lo", "speedup_hi"]] = [lo, hi]
     if clock is not None and "baseline" in clock.by_arm:
         _ceilings(g, df, clock.by_arm)
-        from workbench.bench.step_cost import phase_costs
-
         for name, cost in phase_costs(engine, prompts[:STEP_COST_PROMPTS], arms, sp).items():
             for k, v in cost.items():  # where the overhead sits: ms per step by phase
                 g.loc[name, k] = v
@@ -306,29 +302,13 @@ def ceiling_lines(summary: pd.DataFrame) -> list[str]:
 
 # -- τ by category on a prompt file (held-out chat prompts through the chat template) ---------
 
-def bootstrap_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0,
-                    conf: float = 0.95) -> tuple[float, float, float]:
-    """``(sum(num) / sum(den), lo, hi)``: a ratio of sums over prompts and its percentile
-    bootstrap interval, prompts resampled with replacement."""
-    import numpy as np
-
-    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
-    if len(a) == 0 or len(a) != len(b):
-        raise ValueError(f"bootstrap_ratio: need equal non-empty lists, got {len(a)}/{len(b)}")
-    point = float(a.sum() / b.sum())
-    idx = np.random.default_rng(seed).integers(0, len(a), (n_boot, len(a)))
-    ratios = a[idx].sum(1) / np.maximum(b[idx].sum(1), 1e-12)
-    q = (1 - conf) / 2
-    return point, float(np.quantile(ratios, q)), float(np.quantile(ratios, 1 - q))
-
-
 def run_tau_bench(engine: Engine, records: list[dict[str, Any]], spec: SpecConfig,
                   max_new_tokens: int = 128, batch: int = 16,
                   progress: bool = True) -> dict[str, Any]:
     """τ per category (``kind``), overall and per draft depth on prompt records, greedy.
 
     ``records``: dicts with ``id``, ``kind`` and ``prompt`` (text, token ids or chat messages;
-    ``workbench.bench.workloads.load_prompt_records``). Each prompt runs once with ``spec`` and
+    ``workbench.data_io.load_prompt_records``). Each prompt runs once with ``spec`` and
     once without (batches of ``batch``: τ counts the verify steps of each request, which the
     batch does not change); ``lossless`` = every speculative output equals the plain one.
     τ = emitted tokens / verify steps summed over a category's prompts; per depth d (1..S)
@@ -336,9 +316,6 @@ def run_tau_bench(engine: Engine, records: list[dict[str, Any]], spec: SpecConfi
     percentile bootstrap over prompts. Times are not measured here (``run_spec_bench`` is)."""
     sp = SamplingParams(max_new_tokens=max_new_tokens)
     rows = []
-    load = None
-    from workbench.bench.sanity import LoadSampler
-
     load = LoadSampler().start()
     for lo in tqdm(range(0, len(records), batch), desc="bench tau", unit="batch",
                    disable=not progress):
@@ -391,10 +368,7 @@ def tau_table(res: dict[str, Any]) -> pd.DataFrame:
 def tau_main(argv: list[str] | None = None) -> int:
     """``python -m workbench.bench.spec``: τ per category of a prompt file, saved as JSON."""
     import argparse
-    import subprocess
     import sys
-
-    from workbench.bench.workloads import load_prompt_records
 
     ap = argparse.ArgumentParser(prog="python -m workbench.bench.spec",
                                  description=tau_main.__doc__)
@@ -414,7 +388,6 @@ def tau_main(argv: list[str] | None = None) -> int:
     import dataclasses
 
     import workbench as wb
-    from workbench.bench.cli_args import engine_overrides
 
     s, k, n = (int(v) for v in ns.spec.split(","))
     spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n)
@@ -431,9 +404,7 @@ def tau_main(argv: list[str] | None = None) -> int:
     finally:
         engine.close()
     print(tau_table(res).to_string(index=False))
-    repo = Path(__file__).resolve().parents[2]
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = git_commit() or ""
     res.update({"command": "python -m workbench.bench.spec " + " ".join(sys.argv[1:] if argv
                                                                          is None else argv),
                 "commit": commit, "model": ns.model, "draft": ns.draft,

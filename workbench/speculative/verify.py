@@ -184,17 +184,6 @@ def finite_rows(top: torch.Tensor) -> list[bool]:
     return [math.isfinite(s) or bool(torch.isfinite(top[i]).all()) for i, s in enumerate(sums)]
 
 
-def sample_verify(tree: DraftTree, target_probs: torch.Tensor, coins: torch.Tensor,
-                  final_u: torch.Tensor) -> VerifyResult:
-    """target_probs (B, N, V) already temperature/top-k/top-p processed; coins (B, N) and
-    final_u (B,) uniform in [0, 1). Lossless for deterministic (top-k) drafts: each sibling is
-    tested against the residual target distribution, the bonus is drawn from the residual."""
-    idx, n_acc, bonus = kernels.tree_speculative_sample(tree.tokens, tree.parents, target_probs,
-                                                        coins, final_u)
-    return VerifyResult(accept_index=idx, accept_len=n_acc, bonus=bonus,
-                        target_tokens=target_probs.argmax(-1))
-
-
 def simulated_verify(tree: DraftTree, target_logits: torch.Tensor, accept_len: torch.Tensor
                      ) -> VerifyResult:
     """NOT LOSSLESS — performance studies only (SGLang's SGLANG_SIMULATE_ACC_LEN).

@@ -11,29 +11,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+from workbench.data_io import load_json
+from workbench.markdown import num, table
 
 
 def _bench_table(bench: dict[str, Any]) -> str:
     rows = bench.get("summary", [])
     if not rows:
         return "_not measured yet_\n"
-    lines = ["| arm | tok/s | speedup vs baseline | τ (accept length) | lossless |",
-             "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['arm']} | {r['tok_s']:.1f} | {r['speedup']:.2f}× | {r['tau']:.2f} | "
-                     f"{r['lossless']} |")
     m = bench.get("machine", {})
-    lines.append("")
-    lines.append(f"Machine: {m.get('cpu')} · {m.get('cores')} cores · torch "
-                 f"{m.get('torch')} · {m.get('torch_threads')} threads · {m.get('time')}.")
-    return "\n".join(lines) + "\n"
+    return table(["arm", "tok/s", "speedup vs baseline", "τ (accept length)", "lossless"],
+                 ([r["arm"], num(r["tok_s"], ".1f"), num(r["speedup"], unit="×"),
+                   num(r["tau"]), r["lossless"]] for r in rows)) + (
+        f"\nMachine: {m.get('cpu')} · {m.get('cores')} cores · torch "
+        f"{m.get('torch')} · {m.get('torch_threads')} threads · {m.get('time')}.\n")
 
 
 def target_card(folder: Path, bench: dict[str, Any], commands: dict[str, str]) -> str:
-    s = _load(folder / "training_summary.json")
+    s = load_json(folder / "training_summary.json")
     cfg = json.loads((folder / "config.json").read_text())
     c = s.get("config", {})
     held = s.get("heldout_files", [])
@@ -81,7 +76,7 @@ The template is `workbench.train.target.CHAT_TEMPLATE`; `train-target` writes it
 
 
 def draft_card(folder: Path, bench: dict[str, Any], commands: dict[str, str]) -> str:
-    s = _load(folder / "training_summary.json")
+    s = load_json(folder / "training_summary.json")
     cfg = json.loads((folder / "config.json").read_text())
     c = s.get("config", {})
     per_step = s.get("heldout", {})
@@ -119,7 +114,7 @@ Command: `{commands.get('bench', '')}`
 
 def write_cards(target: Path, draft: Path, bench_json: Path, commands: dict[str, dict[str, str]]
                 ) -> None:
-    bench = _load(bench_json)
+    bench = load_json(bench_json)
     (target / "README.md").write_text(target_card(target, bench, commands["target"]))
     if (draft / "config.json").is_file():
         (draft / "README.md").write_text(draft_card(draft, bench, commands["draft"]))

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import workbench
+from workbench.data_io import DATA_DIR, REPO_ROOT, load_prompts
+from workbench.errors import ConfigError
 
-REPO_ROOT = Path(workbench.__file__).resolve().parents[1]
-SHIPPED_TARGET = REPO_ROOT / "data" / "models" / "wb-target"
-SHIPPED_DRAFT = REPO_ROOT / "data" / "models" / "wb-eagle3"
+SHIPPED_TARGET = DATA_DIR / "models" / "wb-target"
+SHIPPED_DRAFT = DATA_DIR / "models" / "wb-eagle3"
 
 # Small, stable standard-library files: the micro target learns them almost by heart, so a
 # micro head trained for seconds already gets drafts accepted.
@@ -88,7 +88,7 @@ def default_cache_dir() -> Path:
     import os
 
     env = os.environ.get("WORKBENCH_DEMO_DIR")
-    return Path(env) if env else REPO_ROOT / "data" / "work" / "demo-models"
+    return Path(env) if env else DATA_DIR / "work" / "demo-models"
 
 
 def _recipe() -> dict[str, Any]:
@@ -174,9 +174,6 @@ def demo_models(fast: bool = False, cache: str | Path | None = None) -> DemoMode
 
 def shipped_prompts(n: int = 4) -> tuple[str, ...]:
     """``n`` held-out code prompts for the shipped models (the micro prompts if none saved)."""
-    from workbench.bench.workloads import load_prompts
-    from workbench.errors import ConfigError
-
     try:
         prompts = load_prompts("heldout", kinds=("code",), limit=n)
     except ConfigError:

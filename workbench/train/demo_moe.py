@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.train.demo_models import REPO_ROOT
+from workbench.data_io import DATA_DIR
 
-SHIPPED_MOE = REPO_ROOT / "data" / "models" / "wb-moe"
-SHIPPED_MOE_DRAFT = REPO_ROOT / "data" / "models" / "wb-moe-eagle3"
+SHIPPED_MOE = DATA_DIR / "models" / "wb-moe"
+SHIPPED_MOE_DRAFT = DATA_DIR / "models" / "wb-moe-eagle3"
 MICRO_MOE = dict(vocab_size=300, hidden_size=64, intermediate_size=64, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
                  num_experts_per_tok=2)
@@ -40,7 +40,7 @@ def demo_moe(fast: bool = False) -> MoePair:
     from workbench.models.synthetic import write_random_head
     from workbench.models.synthetic_moe import write_random_moe
 
-    root = Path(os.environ.get("WORKBENCH_DEMO_DIR", REPO_ROOT / "data" / "work")) / "demo-moe"
+    root = Path(os.environ.get("WORKBENCH_DEMO_DIR", DATA_DIR / "work")) / "demo-moe"
     target, draft = root / "target", root / "draft"
     stamp = root / "shape.json"
     if not (stamp.is_file() and json.loads(stamp.read_text()) == MICRO_MOE

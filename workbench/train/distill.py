@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.bench.workloads import read_jsonl_records
+from workbench.data_io import read_jsonl_records
 from workbench.errors import ConfigError
 
 

@@ -17,15 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.results import load_all
-
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _num(v: Any, nd: int = 2) -> str:
-    return "—" if v is None else f"{v:.{nd}f}"
+from workbench.data_io import load_json, load_result_files
+from workbench.markdown import MISSING, num, table
 
 
 def provenance(doc: dict[str, Any], command: str) -> str:
@@ -43,17 +36,10 @@ def provenance(doc: dict[str, Any], command: str) -> str:
 
 
 def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str, int]]) -> str:
-    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        cells = []
-        for _, key, nd in cols:
-            v = r.get(key)
-            if v is None or isinstance(v, bool | str) or nd < 0:
-                cells.append("—" if v is None else str(v))
-            else:
-                cells.append(_num(v, nd))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """Columns (header, key, decimals; decimals < 0, a bool or a string: as written)."""
+    return table([h for h, _, _ in cols], (
+        [MISSING if r.get(k) is None else str(r[k]) if nd < 0 or isinstance(r[k], bool | str)
+         else num(r[k], f".{nd}f") for _, k, nd in cols] for r in rows))
 
 
 SPEC_COLS = [("arm", "arm", -1), ("tok/s", "tok_s", 1), ("speedup", "speedup", 2),
@@ -65,8 +51,8 @@ def spec_section(results: Path, commands: dict[str, str]) -> str:
     """EAGLE-3 on the MoE pair beside the dense pair, each with its command and load."""
     out = []
     for label, doc, cmd in (
-            ("wb-moe + wb-moe-eagle3", _load(results / "spec_bs1.json"), commands["spec_moe"]),
-            ("wb-target + wb-eagle3 (same sitting)", _load(results / "dense" / "spec_bs1.json"),
+            ("wb-moe + wb-moe-eagle3", load_json(results / "spec_bs1.json"), commands["spec_moe"]),
+            ("wb-target + wb-eagle3 (same sitting)", load_json(results / "dense" / "spec_bs1.json"),
              commands["spec_dense"])):
         out.append(f"**{label}**\n")
         if not doc.get("summary"):
@@ -77,7 +63,7 @@ def spec_section(results: Path, commands: dict[str, str]) -> str:
 
 
 def peers_section(results: Path, command: str) -> str:
-    doc = _load(results / "peers.json")
+    doc = load_json(results / "peers.json")
     if not doc.get("summary"):
         return "_not measured yet_\n"
     cols = [("arm", "arm", -1), ("tok/s", "tok_s", 1), ("vs hf generate", "vs_hf_generate", 2),
@@ -88,7 +74,7 @@ def peers_section(results: Path, command: str) -> str:
 def ratio_section(results: Path, command: str) -> str:
     """The verify/decode cost ratio vs the cost model, per machine kind that measured it."""
     out = []
-    for kind, doc in load_all(results).items():
+    for kind, doc in load_result_files(results).items():
         b = doc.get("benchmarks", {}).get("cost_ratio")
         if not b:
             continue
@@ -105,10 +91,10 @@ def ratio_section(results: Path, command: str) -> str:
 
 
 def moe_target_card(folder: Path, results: Path, commands: dict[str, str]) -> str:
-    s = _load(folder / "training_summary.json")
+    s = load_json(folder / "training_summary.json")
     cfg = json.loads((folder / "config.json").read_text())
     c = s.get("config", {})
-    src = _load(Path(c.get("source", "")) / "config.json") or _load(
+    src = load_json(Path(c.get("source", "")) / "config.json") or load_json(
         folder.parent / Path(c.get("source", "")).name / "config.json")
     e, k, inter = cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]
     dense_inter = src.get("intermediate_size")
@@ -154,7 +140,7 @@ One forward (+ LM head) over B requests × N new tokens ÷ over B × 1, at conte
 
 
 def moe_draft_card(folder: Path, results: Path, commands: dict[str, str]) -> str:
-    s = _load(folder / "training_summary.json")
+    s = load_json(folder / "training_summary.json")
     cfg = json.loads((folder / "config.json").read_text())
     c = s.get("config", {})
     acc = ", ".join(f"{a:.2f}" for a in (s.get("heldout_regen") or s.get("heldout") or {}).get(
@@ -175,7 +161,7 @@ embedding shared with the target.
 | training | {s.get('steps')} steps × batch {c.get('batch')} × {c.get('seq_len')} tokens, training-time test unrolled {c.get('ttt_steps')} steps (weights {c.get('step_decay')}^i) |
 | data | corpus windows mixed with wb-moe's own continuations ({c.get('regen_sequences')} windows, {c.get('regen_greedy_frac')} greedy / rest T={c.get('regen_temperature')}; share per batch {c.get('regen_mix')}) |
 | held-out top-1 agreement by unrolled step (regenerated windows) | {acc} |
-| estimated chain accept length (train / held-out / held-out regenerated) | {_num(est.get('train'))} / {_num(est.get('heldout'))} / {_num(est.get('heldout_regen'))} |
+| estimated chain accept length (train / held-out / held-out regenerated) | {num(est.get('train'))} / {num(est.get('heldout'))} / {num(est.get('heldout_regen'))} |
 | training speed | {s.get('tokens_per_second', 0):.0f} tokens/s, {s.get('seconds', 0) / 60:.1f} min on {s.get('torch_threads')} thread(s); {commands.get('train_machine', 'machine and load not recorded')} |
 
 ## Measured τ and speedup, beside the dense pair (`bench spec`)

@@ -15,9 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def _load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+from workbench.data_io import load_json
+from workbench.markdown import interval, num, table
 
 
 def _f(xs: list[float]) -> str:
@@ -33,14 +32,14 @@ def tau_section(tau: dict[str, Any]) -> str:
              f"(`data/prompts/real/heldout.jsonl`); 95 % intervals: percentile bootstrap over "
              "prompts. Acceptance at depth d: share of verify steps that accepted ≥ d drafted "
              "tokens.", "",
-             "| category | prompts | τ | 95 % interval | " + " | ".join(
-                 f"depth {d + 1}" for d in range(s["num_steps"])) + " | lossless |",
-             "|---|---|---|---|" + "---|" * s["num_steps"] + "---|"]
-    for name, r in [*tau["by_kind"].items(), ("**overall**", tau["overall"])]:
-        lines.append(f"| {name} | {r['prompts']} | {r['tau']:.2f} | [{r['tau_lo']:.2f}, "
-                     f"{r['tau_hi']:.2f}] | " + " | ".join(
-                         f"{d['accept_rate']:.2f} [{d['lo']:.2f}, {d['hi']:.2f}]"
-                         for d in r["per_depth"]) + f" | {r['lossless']} |")
+             table(["category", "prompts", "τ", "95 % interval",
+                    *(f"depth {d + 1}" for d in range(s["num_steps"])), "lossless"],
+                   ([name, r["prompts"], num(r["tau"]),
+                     f"[{num(r['tau_lo'])}, {num(r['tau_hi'])}]",
+                     *(interval(d["accept_rate"], d["lo"], d["hi"], style="bracket")
+                       for d in r["per_depth"]), r["lossless"]]
+                    for name, r in [*tau["by_kind"].items(), ("**overall**", tau["overall"])]
+                    )).rstrip("\n")]
     m = tau.get("machine", {})
     load = m.get("load", {})
     lines += ["", f"Command: `{tau.get('command', '')}` (the commit is in the result JSON); "
@@ -50,8 +49,8 @@ def tau_section(tau: dict[str, Any]) -> str:
 
 
 def render(head: Path, corpus: dict[str, Any], tau: dict[str, Any]) -> str:
-    s = _load(head / "training_summary.json")
-    run = _load(head / "run.json")
+    s = load_json(head / "training_summary.json")
+    run = load_json(head / "run.json")
     cfg = json.loads((head / "config.json").read_text())
     c = s.get("config", {})
     kinds = corpus.get("kinds", {})
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     head = Path(ns.head)
     if ns.ship_from:
         print(json.dumps(ship(Path(ns.ship_from), head)))
-    text = render(head, _load(Path(ns.corpus_json)), _load(Path(ns.tau)))
+    text = render(head, load_json(Path(ns.corpus_json)), load_json(Path(ns.tau)))
     (head / "README.md").write_text(text)
     print(f"card: {head / 'README.md'}")
     return 0

@@ -30,10 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workbench.data_io import PROMPTS_DIR
 from workbench.errors import ConfigError
 
 KINDS = ("chat", "translation", "summarization", "qa", "math", "retrieval", "code")
-OUT_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts" / "real"
+OUT_DIR = PROMPTS_DIR / "real"
 HELDOUT_SHARE = 0.15  # of the sources (a topic, passage or problem: across every category)
 HELDOUT_PER_KIND = 16
 

@@ -24,19 +24,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.real_model import chat_messages_of
-from workbench.bench.workloads import read_jsonl_records
+from workbench.data_io import (
+    DATA_DIR,
+    PROMPTS_DIR,
+    chat_messages_of,
+    load_prompts,
+    read_jsonl_records,
+)
 from workbench.errors import ConfigError
-from workbench.train.demo_models import REPO_ROOT, demo_models
+from workbench.train.demo_models import demo_models
 
 # ``WORKBENCH_REAL_TARGET`` / ``WORKBENCH_REAL_DRAFT`` / ``WORKBENCH_REAL_PROMPTS`` point the pages
 # at another copy of the pair (an HF folder of the same model, a head checkpoint while it trains)
 REAL_TARGET = Path(os.environ.get("WORKBENCH_REAL_TARGET",
-                                  REPO_ROOT / "data" / "models" / "smollm2-135m-instruct"))
+                                  DATA_DIR / "models" / "smollm2-135m-instruct"))
 REAL_DRAFT = Path(os.environ.get("WORKBENCH_REAL_DRAFT",
-                                 REPO_ROOT / "data" / "models" / "smollm2-eagle3"))
+                                 DATA_DIR / "models" / "smollm2-eagle3"))
 REAL_PROMPTS = Path(os.environ.get("WORKBENCH_REAL_PROMPTS",
-                                   REPO_ROOT / "data" / "prompts" / "real" / "heldout.jsonl"))
+                                   PROMPTS_DIR / "real" / "heldout.jsonl"))
 DEMO_KINDS = ("code", "docstring", "english")  # the demo pair's held-out categories
 REAL_KV_TOKENS = 16384  # the real pair's KV pool: ample for a page's prompts, 0.75 GB
 QUICKSTART_PROMPTS = 4  # prompts of page 01 for the real pair: the first of each category
@@ -118,8 +123,6 @@ class PagePair:
                 if len(out.setdefault(kind, [])) < per_category:
                     out[kind].append(render(engine.tokenizer, msgs))
             return out
-        from workbench.bench.workloads import load_prompts
-
         held = load_prompts("heldout")
         return {k: [p.prompt[-chars:] for p in held if p.kind == k][:per_category]
                 for k in DEMO_KINDS}
@@ -131,8 +134,6 @@ class PagePair:
             for kind, _ in read_chat_prompts():
                 counts[kind] = counts.get(kind, 0) + 1
             return counts
-        from workbench.bench.workloads import load_prompts
-
         held = load_prompts("heldout")
         return {k: sum(p.kind == k for p in held) for k in DEMO_KINDS}
 

@@ -24,6 +24,9 @@ claim does not follow from its data. Helpers for the usual shapes of a claim:
   delta-method interval, rendered "costs 1.17× [1.05–1.30] as much as";
 * :func:`trend` — the least-squares slope of y on x with its interval ("decays with depth");
 * :func:`ratio_of` — a ratio interval from per-item ratios (geometric mean, t on the log).
+
+The statistics (``ratio_of``, ``mean_ratio``, the slope's interval) are ``workbench.stats``'s;
+this module turns their numbers into words.
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ from __future__ import annotations
 import html
 import math
 import re
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from workbench.stats import NoTrend, mean_ratio, ratio_of, slope_ci  # noqa: F401  (P.ratio_of)
 
 NOT_RESOLVED = "not resolved at this noise"
 CLAIM_CLASS = "wb-claim"
@@ -152,49 +156,6 @@ def ratio(subject: str, value: float, lo: float | None, hi: float | None,
     return _claim(subject, value, lo, hi, n, ref, above, below, against, unit, digits)
 
 
-def ratio_of(ratios: Sequence[float], conf: float = 0.95) -> tuple[float, float, float, int]:
-    """(geometric mean, lo, hi, n) of per-item ratios, the interval Student-t on the logs
-    (NaN bounds for a single item)."""
-    from workbench.bench.sanity import mean_ci
-
-    xs = [float(r) for r in ratios if r is not None and not _nan(float(r))]
-    if any(r <= 0 for r in xs):
-        raise ValueError("prose.ratio_of: ratios must be > 0")
-    if not xs:
-        raise ValueError("prose.ratio_of: no ratios")
-    m, lo, hi = mean_ci([math.log(r) for r in xs], conf)
-    if len(xs) < 2:
-        return math.exp(m), math.nan, math.nan, len(xs)
-    return math.exp(m), math.exp(lo), math.exp(hi), len(xs)
-
-
-def mean_ratio(a: Sequence[float], b: Sequence[float],
-               conf: float = 0.95) -> tuple[float, float, float]:
-    """mean(a) / mean(b) with a delta-method interval on the log ratio (Welch degrees of
-    freedom); NaN bounds when either side has fewer than two samples."""
-    from workbench.bench.sanity import t_quantile
-
-    xa = [float(v) for v in a if not _nan(float(v))]
-    xb = [float(v) for v in b if not _nan(float(v))]
-    if not xa or not xb:
-        raise ValueError("prose.mean_ratio: both samples need values")
-    ma, mb = statistics.fmean(xa), statistics.fmean(xb)
-    if ma <= 0 or mb <= 0:
-        raise ValueError("prose.mean_ratio: means must be > 0")
-    r = ma / mb
-    if len(xa) < 2 or len(xb) < 2:
-        return r, math.nan, math.nan
-    va = statistics.variance(xa) / (len(xa) * ma * ma)
-    vb = statistics.variance(xb) / (len(xb) * mb * mb)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return r, r, r
-    df = (va + vb) ** 2 / ((va * va / (len(xa) - 1) if va else 0) +
-                           (vb * vb / (len(xb) - 1) if vb else 0))
-    t = t_quantile(0.5 + conf / 2.0, max(1, int(df)))
-    return r, r * math.exp(-t * se), r * math.exp(t * se)
-
-
 def compare(subject: str, a: Sequence[float], b: Sequence[float], against: str,
             above: str = "costs more than", below: str = "costs less than",
             unit: str = "×", digits: int = 2) -> Claim:
@@ -213,24 +174,11 @@ def trend(subject: str, x: Sequence[float], y: Sequence[float], rises: str = "ri
     """The least-squares slope of ``y`` on ``x`` (e.g. accepted-or-not per drafted node
     against its depth) with its Student-t interval: "acceptance decays with depth: slope
     −0.041 [−0.06–−0.02] per level, n = 1,200" — or not resolved at this noise."""
-    from workbench.bench.sanity import t_quantile
-
-    pts = [(float(a), float(b)) for a, b in zip(x, y, strict=True)]
-    n = len(pts)
-    if n < 3:
-        return Claim(f"{subject}: too few points for a trend (n = {n}) — {NOT_RESOLVED}",
-                     math.nan, None, None, 0.0, n, UNRESOLVED, NOT_RESOLVED)
-    mx = statistics.fmean(p[0] for p in pts)
-    my = statistics.fmean(p[1] for p in pts)
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    if sxx == 0:
-        return Claim(f"{subject}: x does not vary — {NOT_RESOLVED}", math.nan, None, None,
-                     0.0, n, UNRESOLVED, NOT_RESOLVED)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
-    resid = sum((p[1] - my - slope * (p[0] - mx)) ** 2 for p in pts)
-    se = math.sqrt(resid / (n - 2) / sxx)
-    half = t_quantile(0.5 + conf / 2.0, n - 2) * se
-    lo, hi = slope - half, slope + half
+    try:
+        slope, lo, hi, se, n = slope_ci(x, y, conf)
+    except NoTrend as e:  # too few points, or x does not vary: no trend to claim
+        return Claim(f"{subject}: {e} — {NOT_RESOLVED}", math.nan, None, None, 0.0, len(x),
+                     UNRESOLVED, NOT_RESOLVED)
     v = verdict(lo, hi, 0.0) if se > 0 else (ABOVE if slope > 0 else BELOW if slope < 0
                                               else UNRESOLVED)
     nums = f"slope {slope:+.{digits}f} [{lo:+.{digits}f} to {hi:+.{digits}f}]{per}, " \

@@ -13,12 +13,20 @@ import html
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from workbench.data_io import DATA_DIR, load_result_files
+from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from workbench.bench.sanity import Flag
+
+class Flag(Protocol):
+    """What a page shows of a sanity flag (``workbench.bench.sanity.Flag`` has these)."""
+
+    code: str
+    message: str
 
 SANITY_CLASS = "wb-sanity"
 RESULTS_ENV = "WORKBENCH_RESULTS"
@@ -28,7 +36,8 @@ def results_dir() -> Path:
     """Where a page reads saved results: ``$WORKBENCH_RESULTS`` when set (the prose test runs
     a page on other result sets this way), else the repository's ``data/results``."""
     env = os.environ.get(RESULTS_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "results"
+    return Path(env) if env else DATA_DIR / "results"
+
 MAX_MESSAGES = 3  # messages shown per flag code
 
 
@@ -126,15 +135,13 @@ def highlight_flagged(df: pd.DataFrame, column: str = "flags") -> Any:
 def ratio_ci(df: pd.DataFrame, by: Sequence[str], value: str,
              conf: float = 0.95) -> pd.DataFrame:
     """Per group of ``by``: the geometric mean of a ratio column ``value`` (speedups) and its
-    confidence interval, computed on log(value) with :func:`workbench.bench.sanity.mean_ci`
+    confidence interval, computed on log(value) with :func:`workbench.stats.mean_ci`
     and mapped back — a ratio's interval stays positive and symmetric in log space (a
     Student-t interval on the raw ratios can reach below 0× with few noisy repeats). Columns:
     ``by``..., ``value``, ``<value>_lo``, ``<value>_hi``, ``n``."""
     import math
 
     import pandas as pd
-
-    from workbench.bench.sanity import mean_ci
 
     if (df[value] <= 0).any():
         raise ValueError(f"ratio_ci: {value} must be > 0")
@@ -169,11 +176,9 @@ def saved_run_line(folder: str | Path, bench: str, doc: dict[str, Any]) -> str:
     and when. ``doc`` is the result's own JSON (``machine``, ``config``)."""
     import shlex
 
-    from workbench.bench.results import load_all
-
     m = doc.get("machine") or {}
     command = None
-    for kdoc in load_all(folder).values():
+    for kdoc in load_result_files(folder).values():
         entry = kdoc.get("benchmarks", {}).get(bench)
         if entry and (not m.get("time") or entry.get("time") == m.get("time")):
             command = entry.get("command")
