@@ -103,7 +103,8 @@ per["speedup"] = per.tok_s / per.base_tok_s
 # speedup = geometric mean of the per-prompt ratios, with its interval (n = prompts)
 summary = bench.summary.drop(columns=["speedup"]).merge(ratio_ci(per, ["arm"], "speedup"),
                                                         on="arm")
-flags = sanity.sanity_flags(summary, load=load.as_dict())
+# the engine's provisional choices (measured under contention) are a run-wide flag too
+flags = sanity.sanity_flags(summary, load=load.as_dict()) + sanity.choice_flags(engine.choices)
 summary = sanity.mark(summary, flags)
 print(format_machine(machine_info()), "· float32 · greedy ·", len(prompts), "prompts ·",
       f"load {load.before[0]:.2f} → {load.after[0]:.2f}")

@@ -204,7 +204,8 @@ tau_of = pd.concat([runs, every_runs]).groupby(["cell", "temperature"]).tau.mean
 cells["tau"] = [tau_of[(r.cell, r.temperature)] for r in cells.itertuples()]
 cells = cells.rename(columns={"cell": "category"})
 cells = cells.rename(columns={"speedup_lo": "lo", "speedup_hi": "hi"})
-cat_flags = sanity.sanity_flags(cells.assign(arm=cells.category), load=cat_load.as_dict())
+cat_flags = (sanity.sanity_flags(cells.assign(arm=cells.category), load=cat_load.as_dict())
+             + sanity.choice_flags(engine.choices))
 cells = sanity.mark(cells.assign(arm=cells.category), cat_flags)
 table = cells.assign(
     cell=[f"{r.speedup:.2f}× [{r.lo:.2f}–{r.hi:.2f}] n={r.n}" + (
@@ -398,7 +399,8 @@ sweep = bench.summary[bench.summary.arm != "baseline"].drop(columns=["speedup"])
     ratio_ci(pp[pp.arm != "baseline"], ["arm"], "speedup"), on="arm")
 sweep[["num_steps", "topk", "num_draft_tokens"]] = [
     (grid[a].num_steps, grid[a].topk, grid[a].num_draft_tokens) for a in sweep.arm]
-sweep_flags = sanity.sanity_flags(sweep, load=sweep_load.as_dict())
+sweep_flags = (sanity.sanity_flags(sweep, load=sweep_load.as_dict())
+               + sanity.choice_flags(engine.choices))
 sweep = sanity.mark(sweep, sweep_flags)
 # run-wide flags (a loaded machine) are in the block below; cells mark their own checks
 sweep["cell_flags"] = [",".join(c for c in f.split(",") if c and c != "loaded")
