@@ -177,3 +177,10 @@ def test_cost_ratios_measure_and_predict_on_a_moe_engine(tmp_path: Path) -> None
     terms = model_terms(cm)
     assert cm.weights is not None and terms["gamma"] == cm.weights.gamma
     assert "ms_sorted_per_layer" in terms and "r_ms_per_request" in terms
+
+
+def test_coverage_is_exact_at_one_token() -> None:
+    """One token touches its top-k experts, whatever γ the curve was fitted at."""
+    for gamma in (0.1, 0.5, 1.0, 2.0):
+        assert uniform_coverage(64, 2, 1, gamma) == pytest.approx(2.0)
+    assert uniform_coverage(64, 2, 8, 0.5) < uniform_coverage(64, 2, 8, 1.0)

@@ -5,10 +5,11 @@ shared experts, embedding rows, LM head) and, per MoE layer, the weights of ever
 token was routed to. With E experts, k per token and routing spread like uniform random picks,
 the distinct experts one layer touches are
 
-    d(T) = E·(1 − (1 − k/E)^(γ·T))
+    d(T) = E·(1 − (1 − k/E)^(1 + γ·(T − 1)))
 
-γ = 1 is uniform routing; real routers repeat experts across related tokens (a verify's draft
-tokens share their context), so a measured coverage curve fits γ < 1 (:func:`fit_gamma`).
+exact at T = 1 (one token touches its k experts, whatever γ); γ = 1 is uniform routing of every
+further token; real routers repeat experts across related tokens (a verify's draft tokens
+share their context), so a measured coverage curve fits γ < 1 (:func:`fit_gamma`).
 :class:`ExpertBytes` turns d(T) into bytes; :class:`~workbench.policy.costmodel.CostModel`
 adds ``ms_per_gb ·`` those bytes to the target forward (fitted with its other terms), so
 ``crossover`` and ``Goodput`` see that a verify of B·N tokens reads far more expert bytes than
@@ -40,10 +41,12 @@ if TYPE_CHECKING:
 
 def uniform_coverage(num_experts: int, top_k: int, tokens: float, gamma: float = 1.0) -> float:
     """Expected distinct experts of ``num_experts`` touched by ``tokens`` tokens routed to
-    ``top_k`` each: E·(1 − (1 − k/E)^(γ·tokens)) (γ = 1: uniform random routing)."""
+    ``top_k`` each: E·(1 − (1 − k/E)^(1 + γ·(tokens − 1))) — exactly k at one token (γ = 1:
+    uniform random routing of every token; below one token, the uniform curve)."""
     if tokens <= 0:
         return 0.0
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** (gamma * tokens))
+    power = 1.0 + gamma * (tokens - 1.0) if tokens >= 1 else tokens
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** power)
 
 
 def fit_gamma(tokens: Sequence[float], distinct: Sequence[float], num_experts: int,
