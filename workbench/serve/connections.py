@@ -7,7 +7,8 @@ hold, whatever its client does or does not do.
   keep-alive one does); once a request starts, its head and body must arrive within
   ``read_timeout_s`` (slowloris, a Content-Length larger than the body).
 - The head bound: a request head over ``max_header_bytes`` → 431 naming ``headers`` (h11's own
-  bound only applies while a head is incomplete, so one arriving whole passed at any size).
+  bound only applies while a head is incomplete, so one arriving whole passed at any size),
+  every head of the connection, pipelined ones too (:meth:`handle_events`).
 - A write timeout: an answer whose unsent bytes make no progress for ``write_timeout_s`` (a
   client that never reads), streamed or not, is dropped, and its buffer with it (nginx's
   ``send_timeout``); the allocator then gives its free pages back to the system
@@ -193,6 +194,18 @@ def guarded_h11(limits: Any) -> type[H11Protocol]:
                 self._head = bytearray()
                 if state is not h11.SEND_BODY:
                     self._disarm()  # the whole request is in
+
+        def handle_events(self) -> None:
+            """Every head h11 is about to read is held to the bound first: a pipelined one,
+            buffered behind the previous request, never passed through :meth:`data_received`'s
+            check (h11 reads it once that request's answer is complete)."""
+            if self.conn.their_state is h11.IDLE and not self.lingering:
+                buf = self.conn.trailing_data[0]
+                end = buf.find(b"\r\n\r\n")
+                if (len(buf) if end == -1 else end + 4) > head_max:
+                    self._refuse_head()
+                    return
+            super().handle_events()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
