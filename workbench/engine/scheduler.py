@@ -12,6 +12,10 @@ Held requests (``Request.held``: a serving loop's backpressure, its client is no
 their KV and their place but leave every decode batch and take no batch slot: admission counts
 only the requests that are not held, and the decode batch is the first ``max_batch_size`` that
 are not (a request released while the batch is full waits a step; its output never changes).
+KV follows readers (:meth:`Scheduler.evict_held_for`): when the next waiting request does not
+fit the pool, held requests give their KV back (recompute preemption, newest first) — never
+for nothing: only when that makes it fit. A preempted held request waits, skipped by
+admission, until it is released; then it re-prefills its prompt and output, first in line.
 """
 
 from __future__ import annotations
@@ -74,12 +78,13 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> Schedule:
-        # 1. Admit in arrival order while the batch and the pool allow.
-        while self.waiting and self.num_active() < self.max_batch:
-            req = self.waiting[0]
-            if not self.pool.can_fit(req.blocks, req.prefill_target + 1):
+        # 1. Admit in arrival order while the batch and the pool allow (held requests wait).
+        while self.num_active() < self.max_batch:
+            req = next((r for r in self.waiting if not r.held), None)
+            if req is None or not (self.pool.can_fit(req.blocks, req.prefill_target + 1)
+                                   or self.evict_held_for(req)):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             self.pool.reserve(req.blocks, req.prefill_target + 1)
             req.status = Status.RUNNING
             self.running.append(req)
@@ -136,10 +141,28 @@ class Scheduler:
         return keep
 
     def _newest_other(self, req: Request) -> Request | None:
-        for r in reversed(self.running):
-            if r is not req:
-                return r
+        """The preemption victim: the newest held request (it is not stepping), else the
+        newest running one."""
+        for held_first in (True, False):
+            for r in reversed(self.running):
+                if r is not req and (r.held or not held_first):
+                    return r
         return None
+
+    def evict_held_for(self, req: Request) -> bool:
+        """KV follows readers: preempt held running requests, newest first, until the waiting
+        ``req`` fits (its prefill + 1). Nothing is preempted unless that makes it fit. True
+        when it fits."""
+        need = req.prefill_target + 1
+        held = [r for r in reversed(self.running) if r.held]
+        freeable = len(self.pool.free) + sum(len(r.blocks) for r in held)
+        if self.pool.blocks_needed(req.blocks, need) > freeable:
+            return False
+        for r in held:
+            if self.pool.can_fit(req.blocks, need):
+                break
+            self.preempt(r)
+        return self.pool.can_fit(req.blocks, need)
 
     def preempt(self, req: Request) -> None:
         """Recompute preemption: drop KV and draft state, requeue at the front."""

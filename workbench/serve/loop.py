@@ -261,7 +261,9 @@ class EngineLoop:
         """Hold/release streams by backlog; True if a step has work that is not held."""
         self.backpressure.update(self._live, self.engine.requests)
         sched = self.engine.scheduler
-        return sched is not None and bool(sched.waiting or sched.num_active())
+        # a held request preempted for its KV waits for its client, not for a step
+        return sched is not None and (sched.num_active() > 0
+                                      or any(not r.held for r in sched.waiting))
 
     def _drain(self, block: bool) -> bool:
         """Run queued commands; False once asked to stop."""
