@@ -107,3 +107,45 @@ def test_a_waiting_request_takes_the_kv_of_streams_nobody_reads(
         assert got["output_ids"] == want.token_ids
         assert got["meta_info"]["finish_reason"]["type"] == "length"
     assert adv.wait_idle(30) and adv.kv_usage()["used_blocks"] == 0
+
+
+def test_the_scheduler_evicts_held_requests_only_when_that_makes_room() -> None:
+    """Scheduler level: held requests are preempted newest first and only as many as the
+    waiting request needs, never when even all of them would not make it fit; a preempted held
+    request is skipped by admission until released, then admitted first."""
+    import torch
+
+    from workbench.core import Request, Status
+    from workbench.engine.kv_cache import KVPool
+    from workbench.engine.scheduler import Scheduler
+
+    pool = KVPool(12, 4, layers=1, kv_heads=1, head_dim=2, dtype=torch.float32, device="cpu")
+    s = Scheduler(pool, max_batch_size=8, max_prefill_tokens=64)
+
+    def req(rid: int, n: int) -> Request:
+        return Request(rid=rid, prompt_ids=list(range(1, n + 1)), sampling=wb.SamplingParams())
+
+    a, b, c = req(0, 11), req(1, 11), req(2, 11)  # 3 pages each (prompt + 1)
+    for r in (a, b, c):
+        s.add(r)
+    for r, _, end in s.schedule().prefill:
+        r.kv_len = end
+        r.tokens.append(0)
+    assert pool.used_blocks == 9
+    a.held = b.held = True
+    big = req(3, 40)  # 11 pages: more than the free 3 + the held 6
+    s.add(big)
+    s.schedule()
+    assert big.status is Status.WAITING and a.blocks and b.blocks  # nothing preempted
+    s.finish(big)
+    small = req(4, 19)  # 5 pages: b (the newest held) gives its 3, a keeps its KV
+    s.add(small)
+    s.schedule()
+    assert small.status is Status.RUNNING and b.status is Status.WAITING and not b.blocks
+    assert a.status is Status.RUNNING and a.blocks and list(s.waiting) == [b]
+    s.finish(c)
+    s.schedule()
+    assert b.status is Status.WAITING  # held: it waits for its client, whatever the room
+    b.held = False
+    s.schedule()
+    assert b.status is Status.RUNNING and b.prefill_target == len(b.tokens) - 1
