@@ -29,8 +29,10 @@ only a pattern that occurs literally in the text can hit; the same rule applies 
 
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 from workbench.errors import RequestError
 
@@ -39,6 +41,54 @@ MAX_PATTERN_BYTES = 256
 MAX_PROGRAM_BYTES = 1 << 20
 WINDOW_CHARS = 512
 CONTEXT_CHARS = 8  # characters before the window an assertion (\b, ^) may look at
+# compiled programs kept for reuse, each charged its worst case (RE2's max_mem: the program
+# and the DFA states a search may add): 32 programs; a server's memory stays flat whatever
+# patterns its clients send (an entry count alone let 1,024 grow without a byte bound)
+PROGRAM_CACHE_BYTES = 32 << 20
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class BudgetCache(Generic[K, V]):
+    """A least-recently-used cache bounded by bytes, not entries: ``build(key)`` makes a value,
+    ``cost(key)`` bounds the bytes it holds; entries are dropped oldest first while the total
+    is over ``budget`` (a value costing more than the budget is built and not kept). Errors
+    from ``build`` are raised, never cached. Thread-safe (the HTTP front end validates, the
+    engine loop matches)."""
+
+    def __init__(self, build: Callable[[K], V], cost: Callable[[K], int], budget: int) -> None:
+        self._build, self._cost, self.budget = build, cost, budget
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self.nbytes = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, key: K) -> V:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit[0]
+        value = self._build(key)
+        cost = self._cost(key)
+        if cost > self.budget:
+            return value
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = (value, cost)
+                self.nbytes += cost
+            while self.nbytes > self.budget:
+                _, (_, c) = self._entries.popitem(last=False)
+                self.nbytes -= c
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
 
 
 def _re2() -> Any:
@@ -50,8 +100,7 @@ def _re2() -> Any:
     return re2
 
 
-@lru_cache(maxsize=1024)
-def compile_pattern(pattern: str) -> Any:
+def _compile(pattern: str) -> Any:
     """The RE2 program of one ``stop_regex`` pattern, or RequestError naming the field."""
     if not isinstance(pattern, str) or not pattern:
         raise RequestError(f"stop_regex: every pattern must be a non-empty string, got "
@@ -77,6 +126,11 @@ def compile_pattern(pattern: str) -> Any:
         raise RequestError(f"stop_regex: {pattern!r} matches the empty string, so it would "
                            "stop every output at its first token")
     return prog
+
+
+compile_pattern: BudgetCache[str, Any] = BudgetCache(_compile, lambda _: MAX_PROGRAM_BYTES,
+                                                     PROGRAM_CACHE_BYTES)
+compile_pattern.__doc__ = "The RE2 program of one pattern (cached within PROGRAM_CACHE_BYTES)."
 
 
 def check_patterns(patterns: tuple[str, ...]) -> None:

@@ -23,11 +23,18 @@ begin a match (what a stream holds back).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
 from workbench.config import SamplingParams
-from workbench.stop_regex import CONTEXT_CHARS, WINDOW_CHARS, check_patterns, compile_pattern
+from workbench.stop_regex import (
+    CONTEXT_CHARS,
+    MAX_PROGRAM_BYTES,
+    PROGRAM_CACHE_BYTES,
+    WINDOW_CHARS,
+    BudgetCache,
+    check_patterns,
+    compile_pattern,
+)
 
 # A decode window that has not ended on a complete character for this many tokens (bytes that
 # are not UTF-8) is taken as final, U+FFFD and all: the scan's cost per token stays bounded.
@@ -127,10 +134,13 @@ class StopStrings:
         return self._depth[node]
 
 
-@lru_cache(maxsize=128)
-def stop_strings(stops: tuple[str, ...]) -> StopStrings:
-    """The automaton for ``stops`` (built once per distinct tuple)."""
-    return StopStrings(stops)
+# automata kept for reuse within a byte budget (~234 bytes per stop character measured: a
+# request's 4,096-character bound is ~1 MB; 128 entries alone could hold 128 MB)
+AUTOMATON_BYTES_PER_CHAR = 256
+STOP_CACHE_BYTES = 16 << 20
+stop_strings: BudgetCache[tuple[str, ...], StopStrings] = BudgetCache(
+    StopStrings, lambda stops: 1024 + AUTOMATON_BYTES_PER_CHAR * sum(map(len, stops)),
+    STOP_CACHE_BYTES)
 
 
 def text_stops(sp: SamplingParams) -> tuple[TextStop, ...]:
@@ -247,7 +257,6 @@ class StopRegex:
         return int(self._literal.hold(text))
 
 
-@lru_cache(maxsize=128)
-def stop_regexes(patterns: tuple[str, ...]) -> StopRegex:
-    """The TextStop for ``patterns`` (built once per distinct tuple)."""
-    return StopRegex(patterns)
+# matchers kept for reuse, each charged its programs' worst case (they keep them alive)
+stop_regexes: BudgetCache[tuple[str, ...], StopRegex] = BudgetCache(
+    StopRegex, lambda patterns: len(patterns) * MAX_PROGRAM_BYTES, PROGRAM_CACHE_BYTES)
