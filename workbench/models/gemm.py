@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.quant import packed_linear, packed_linear_add
+
 
 def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One (sum(out), in) weight for ``linears`` (and bias), each linear's parameter becoming a
@@ -149,6 +151,8 @@ LinearAdd = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 def gemm_ops(gemm: str, floor: int = 1) -> tuple[Linear, LinearAdd]:
     """(linear(x, w, b), linear_add(x, w, residual)) for fused weights prepared for ``gemm``;
     ``floor``: the oneDNN row floor (:func:`row_bucket`; dense ignores it)."""
+    if gemm == "packed":  # models/quant.py: int4-packed weights (dense ones as F.linear)
+        return packed_linear, packed_linear_add
     if gemm == "onednn":
         if floor > 1:
             return (functools.partial(onednn_linear, floor=floor),

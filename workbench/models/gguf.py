@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from workbench.errors import CheckpointError, ConfigError
+from workbench.models.quant import PACKABLE, QuantTensor, from_gguf_blocks
 
 if TYPE_CHECKING:
     from workbench.models.config import ModelConfig
@@ -449,6 +450,24 @@ def read_tensors(f: GGUFFile, cfg: ModelConfig, dtype: torch.dtype,
         elif name.endswith(".attn_k.weight"):
             t = unpermute_rows(t, cfg.num_key_value_heads)
         out[hf] = t.to(device)
+    return out
+
+
+def read_quant(f: GGUFFile, cfg: ModelConfig) -> dict[str, QuantTensor]:
+    """The file's Q4_0 / Q4_1 / Q8_0 tensors kept quantised (codes and block scales,
+    ``models/quant.py``) under the runtime's names, Q/K rows in HF order; other types are left
+    out (they run dequantised)."""
+    out: dict[str, QuantTensor] = {}
+    for name, t in f.tensors.items():
+        if t.type_name not in PACKABLE or len(t.shape) != 2:
+            continue
+        qt = from_gguf_blocks(f.raw(t), t.type_name, (t.shape[0], t.shape[1]))
+        heads = {".attn_q.weight": cfg.num_attention_heads,
+                 ".attn_k.weight": cfg.num_key_value_heads}
+        for suffix, n_head in heads.items():
+            if name.endswith(suffix):
+                qt = qt.rows(unpermute_rows(torch.arange(t.shape[0]), n_head))
+        out[runtime_name(name, cfg.num_hidden_layers)] = qt
     return out
 
 

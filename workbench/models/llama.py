@@ -10,9 +10,10 @@ serves two callers:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from workbench.models.gemm import (
     resolve_gemm,
     row_bucket,
 )
+from workbench.models.quant import QuantTensor, packed_or
 from workbench.models.rope import (
     Rotary,
     apply_rope,
@@ -231,6 +233,9 @@ class LlamaForCausalLM(nn.Module):
         self.gemm = "dense"
         # oneDNN row floor (gemm.row_bucket): set by the engine's autotune stage, measured
         self.row_floor = 1
+        # tensors the checkpoint holds quantised, by parameter name (a GGUF's Q4_0/Q4_1/Q8_0):
+        # what fuse("packed") runs (models/quant.py); empty for float checkpoints
+        self.quant: dict[str, QuantTensor] = {}
 
     def fuse(self, gemm: str = "auto") -> None:
         """Build the inference weights (see :class:`FastLayer`); call again after changing the
@@ -240,6 +245,10 @@ class LlamaForCausalLM(nn.Module):
         for layer in layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        if gemm == "packed":
+            self._fast, self._head = self.packed_weights()
+            self.gemm = "packed"
+            return
         self.gemm = resolve_gemm(gemm, self.lm_head.weight)
         head = self.lm_head.weight
         if self.gemm == "dense" and head.device.type == "cpu":
@@ -251,6 +260,25 @@ class LlamaForCausalLM(nn.Module):
         self._head = prepare_weight(head.detach(), self.gemm)  # never a Parameter: a
         # plain attribute, so a later fuse may hold a packed copy instead
         self._fast = [FastLayer.of(layer, self.gemm) for layer in layers]
+
+    def packed_weights(self) -> tuple[list[FastLayer], Any]:
+        """(layers, head) with every GEMM whose tensors ``self.quant`` holds packed for the
+        int4 kernel (q/k/v and gate/up stacked along N; ``models/quant.py``), the others dense
+        views; ``gemm_ops("packed")`` runs both. ValueError when nothing is quantised."""
+        if not self.quant:
+            raise ValueError("weights='packed': the checkpoint holds no packed tensors (a GGUF "
+                             "with Q4_0/Q4_1/Q8_0 tensors or a pack-quantized folder)")
+        q, fast = self.quant, []
+        for i, layer in enumerate(self.model.decoder_layers()):
+            p, f = f"model.layers.{i}.", FastLayer.of(layer, "dense")
+            fast.append(dataclasses.replace(
+                f, qkv=packed_or(q, [p + f"self_attn.{n}_proj.weight" for n in "qkv"], f.qkv),
+                o=packed_or(q, [p + "self_attn.o_proj.weight"], f.o),
+                gate_up=packed_or(q, [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                                  f.gate_up),
+                down=packed_or(q, [p + "mlp.down_proj.weight"], f.down)))
+        head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        return fast, packed_or(q, [head], self.lm_head.weight.detach())
 
     # -- engine path -----------------------------------------------------------------------
     def forward(

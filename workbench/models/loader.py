@@ -16,7 +16,7 @@ from torch import nn
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
-from workbench.models.gguf import find_gguf, hf_config, open_gguf, read_tensors
+from workbench.models.gguf import find_gguf, hf_config, open_gguf, read_quant, read_tensors
 from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
 from workbench.models.moe_model import MoeForCausalLM
 
@@ -171,6 +171,7 @@ def _load_gguf(path: Path, dt: torch.dtype, device: str) -> tuple[LlamaForCausal
     with open_gguf(path) as f:
         cfg = ModelConfig.from_dict(hf_config(f.metadata, f.tensors))
         tensors = read_tensors(f, cfg, dt, device)
+        quant = read_quant(f, cfg) if torch.device(device).type == "cpu" else {}
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg).to(dt)
     needed = {k for k in model.state_dict() if not k.startswith("model.rotary_emb")}
@@ -190,6 +191,7 @@ def _load_gguf(path: Path, dt: torch.dtype, device: str) -> tuple[LlamaForCausal
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in file
+    model.quant = quant  # the packed form (EngineConfig.weights; models/quant.py)
     model.load_note = f"dequantised {path.name} to {str(dt).removeprefix('torch.')}"
     model.eval().requires_grad_(False)
     return model, cfg
