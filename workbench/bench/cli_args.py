@@ -13,11 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import workbench as wb
 from workbench import data_io
 from workbench.bench.cli_output import print_choices, run_choices
-from workbench.config import engine_config, parse_overrides
+from workbench.bench.concurrency import LEVELS, run_concurrency
+from workbench.config import SpecConfig, engine_config, parse_overrides
 from workbench.data_io import load_prompts, read_prompts_file
 from workbench.errors import ConfigError
+from workbench.models.gguf import find_gguf
+from workbench.models.loader import resolve_path
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -54,9 +58,6 @@ def model_exists(path: Path) -> bool:
     with config.json, a ``.gguf`` file or a folder holding one, a pointer folder (``gguf.json``)
     whose cache holds it. Errors of the resolution (an ambiguous folder, a pointer whose file
     is not fetched) propagate, naming the path."""
-    from workbench.models.gguf import find_gguf
-    from workbench.models.loader import resolve_path
-
     if not path.exists():
         return False
     folder = resolve_path(path)
@@ -67,8 +68,6 @@ def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
            kv_budget_tokens: int | None = None, variant: bool = False) -> Any:
     """The ``--model``/``--draft`` engine (baseline only when the draft is missing and
     ``need_draft`` is False); ``variant``: with the ``--engine-b`` overrides on top."""
-    import workbench as wb
-
     target = Path(ns.model)
     if not model_exists(target):
         raise ConfigError(f"bench: no target model at {target} (train one with "
@@ -90,8 +89,6 @@ def engine(ns: argparse.Namespace, need_draft: bool, max_batch: int = 64,
 
 def spec(ns: argparse.Namespace) -> Any:
     """``--spec S,K,N`` → SpecConfig (errors name the flag)."""
-    from workbench.config import SpecConfig
-
     parts = str(getattr(ns, "spec", "5,4,16")).split(",")
     try:
         s, k, n = (int(x) for x in parts)
@@ -112,8 +109,6 @@ def repeats(ns: argparse.Namespace) -> int:
 
 def levels(ns: argparse.Namespace) -> tuple[int, ...]:
     """``--levels 1,4,16`` (default: the full sweep, or QUICK_LEVELS with ``--quick``)."""
-    from workbench.bench.concurrency import LEVELS
-
     raw = getattr(ns, "levels", None)
     if raw is None:
         return QUICK_LEVELS if ns.quick else LEVELS
@@ -173,8 +168,6 @@ def sweep(ns: argparse.Namespace, prompt_list: list[str], level_list: tuple[int,
     """One concurrency sweep: a reference engine, one engine per arm (:func:`arm_engines`),
     every engine closed afterwards. ``arms(engine)`` names the arms. Returns the frame and the
     reference engine's measured choices."""
-    from workbench.bench.concurrency import run_concurrency
-
     ref = engine(ns, need_draft=need_draft, max_batch=max(level_list))
     engines: dict[str, Any] = {}
     try:

@@ -20,14 +20,25 @@ import pandas as pd
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, print_choices, run_choices, show, stamp
+from workbench.bench.load import run_load_bench, verdict
+from workbench.bench.peers import run_peers
+from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+from workbench.bench.shapes import (
+    SHAPES,
+    check_tau,
+    run_shapes,
+    save_shapes,
+    shape_of,
+    trained_vs_random,
+)
+from workbench.bench.spec import ceiling_lines, dtype_effect, dtype_effect_line, run_spec_bench
+from workbench.config import SpecConfig
 from workbench.errors import ConfigError
+from workbench.models.loader import load_tokenizer, resolve_path
+from workbench.models.synthetic import TargetShape
 
 
 def bench_spec(ns: argparse.Namespace) -> int:
-    from workbench.bench.sanity import mark
-    from workbench.bench.spec import ceiling_lines, dtype_effect, dtype_effect_line, run_spec_bench
-    from workbench.config import SpecConfig
-
     prompts = args.prompts(ns)
     repeats = args.repeats(ns)
     engine = args.engine(ns, need_draft=False)
@@ -76,8 +87,6 @@ def _assistant(ns: argparse.Namespace, model_path: str | Path) -> str | None:
 def same_tokenizer(a: str | Path, b: str | Path) -> bool:
     """Do two model paths (folders, GGUF files or pointer folders) carry the same vocabulary
     (token → id) and special tokens? False when either has no tokenizer."""
-    from workbench.models.loader import load_tokenizer, resolve_path
-
     ta, tb = load_tokenizer(resolve_path(a)), load_tokenizer(resolve_path(b))
     if ta is None or tb is None:
         return False
@@ -86,9 +95,6 @@ def same_tokenizer(a: str | Path, b: str | Path) -> bool:
 
 
 def bench_peers(ns: argparse.Namespace) -> int:
-    from workbench.bench.peers import run_peers
-    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
-
     shape = args.spec(ns)
     repeats = args.repeats(ns)
     prompts = args.prompts(ns)
@@ -134,15 +140,6 @@ def bench_peers(ns: argparse.Namespace) -> int:
 
 
 def bench_shapes(ns: argparse.Namespace) -> int:
-    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
-    from workbench.bench.shapes import (
-        SHAPES,
-        check_tau,
-        run_shapes,
-        save_shapes,
-        trained_vs_random,
-    )
-
     tau = float(ns.tau)
     spec = args.spec(ns)
     check_tau(tau, spec)  # before anything is loaded
@@ -182,9 +179,6 @@ def bench_shapes(ns: argparse.Namespace) -> int:
 def pretrained(model: str | Path) -> int:
     """The vocabulary size of ``model`` when it is not the toy shapes' (8192: a pretrained
     target such as SmolLM2's 49152, a folder or a GGUF), else 0."""
-    from workbench.bench.shapes import shape_of
-    from workbench.models.synthetic import TargetShape
-
     vocab = shape_of(model)[0].vocab
     return vocab if vocab != TargetShape.vocab else 0
 
@@ -192,8 +186,6 @@ def pretrained(model: str | Path) -> int:
 def token_ids(model: str | Path, prompts: list[str]) -> list[list[int]]:
     """``prompts`` encoded by ``model``'s tokenizer as the engine encodes text (no added
     special tokens; a chat-rendered prompt carries its own)."""
-    from workbench.models.loader import load_tokenizer, resolve_path
-
     tok = load_tokenizer(resolve_path(model))
     if tok is None:
         raise ConfigError(f"--model {model}: no tokenizer to encode the prompts with")
@@ -201,9 +193,6 @@ def token_ids(model: str | Path, prompts: list[str]) -> list[list[int]]:
 
 
 def bench_load(ns: argparse.Namespace) -> int:
-    from workbench.bench.load import run_load_bench, verdict
-    from workbench.bench.sanity import LoadSampler
-
     shape = args.spec(ns)
     prompts = args.prompts(ns)
     engine = args.engine(ns, need_draft=True)

@@ -14,6 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from workbench.bench import results
+from workbench.bench.sanity import (
+    Flag,
+    choice_flags,
+    contention_flags,
+    exit_code,
+    mark,
+    print_flags,
+    report,
+)
+from workbench.engine.autotune import choice_records, provisional_names
+from workbench.engine.contention import measure
+from workbench.machine import cpu_model, machine_info
+
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
 
@@ -26,8 +40,6 @@ RUN: dict[str, Any] = {}
 def announce_conditions(window_s: float = 0.3) -> dict[str, Any]:
     """Look at the machine for ``window_s`` and print the run's first line: quiet, or busy and
     why (every figure of a busy run is provisional). Kept in :data:`RUN` for the stamps."""
-    from workbench.engine.contention import measure
-
     c = measure(window_s)
     RUN["conditions"] = c.to_dict()
     if c.contended:
@@ -46,8 +58,6 @@ def show(title: str, df: pd.DataFrame) -> None:
 def print_choices(engine: Engine) -> dict[str, Any]:
     """The engine's measured / forced choices (``Engine.choices``), printed once, with the
     provisional ones named."""
-    from workbench.engine.autotune import provisional_names
-
     ch = dict(getattr(engine, "choices", None) or {})
     if ch:
         shown = [f"{k}={v.get('choice', v) if isinstance(v, dict) else v}"
@@ -65,8 +75,6 @@ def run_choices(engine: Engine) -> dict[str, Any]:
     ch = dict(getattr(engine, "choices", None) or {})
     mon = getattr(engine, "contention", None)
     if mon is not None and mon.log:
-        from workbench.machine import cpu_model
-
         ch["adaptations"] = {"choice": f"{len(mon.log)} thread-count re-measurement(s)",
                              "source": "measured",
                              "provisional": any(a.conditions.get("contended") for a in mon.log),
@@ -92,11 +100,6 @@ def stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
     ``choice_records``). ``flags`` gains (in place, so ``finish`` and ``--strict`` see them)
     a ``contended`` flag for a busy start and a ``provisional_choice`` flag for a run on
     choices measured under contention."""
-    from workbench.bench import results
-    from workbench.bench.sanity import choice_flags, contention_flags, mark, report
-    from workbench.engine.autotune import choice_records, provisional_names
-    from workbench.machine import machine_info
-
     choices = (extra or {}).get("engine_choices")
     have = {getattr(f, "code", None) for f in flags}
     flags.extend(f for f in contention_flags(RUN.get("conditions")) + choice_flags(choices)
@@ -120,8 +123,6 @@ def stamp(json_path: Path, flags: list[Any], load: dict[str, Any] | None,
 
 def saved_flags(df: pd.DataFrame) -> list[Any]:
     """The flags ``save_results`` wrote (and the ``flags`` column it added) back into ``df``."""
-    from workbench.bench.sanity import Flag
-
     saved = Path(df.attrs["saved"])
     doc = json.loads(saved.read_text())
     marked = pd.read_csv(saved.with_suffix(".csv"), keep_default_na=False)
@@ -131,8 +132,6 @@ def saved_flags(df: pd.DataFrame) -> list[Any]:
 
 def finish(ns: argparse.Namespace, ok: bool, flags: list[Any]) -> int:
     """Print the flags; the exit code (2: flagged under ``--strict``)."""
-    from workbench.bench.sanity import exit_code, print_flags
-
     print_flags(flags)
     code = exit_code(ok, flags, bool(getattr(ns, "strict", False)))
     if code == 2:

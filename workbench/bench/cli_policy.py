@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, saved_flags, show, stamp
+from workbench.bench.concurrency import summarize
+from workbench.engine.calibrate import calibrate, measure_tau
 from workbench.errors import ConfigError
+from workbench.lab.arms import ArmInputs, make_policy, split_policies
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -33,9 +36,6 @@ NEEDS_MACHINE = ("threshold:auto", "goodput")
 def policy_arms(engine: Engine, ns: argparse.Namespace, spec: Any,
                 prompts: list[str]) -> dict[str, Any]:
     """baseline, never and one arm per ``--policy`` name (module doc); prints each basis."""
-    from workbench.engine.calibrate import calibrate, measure_tau
-    from workbench.lab.arms import ArmInputs, make_policy, split_policies
-
     names = split_policies(ns.policy)
     if "oracle" in names:
         raise ConfigError("--policy oracle: the hindsight oracle exists only in a replay "
@@ -61,8 +61,6 @@ def policy_arms(engine: Engine, ns: argparse.Namespace, spec: Any,
 
 
 def bench_policies(ns: argparse.Namespace) -> int:
-    from workbench.bench.concurrency import summarize
-
     levels = args.levels(ns)
     spec = args.spec(ns)
     prompts = args.prompts(ns)

@@ -20,7 +20,22 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from workbench.bench import cli_args as args
+from workbench.bench import http
 from workbench.bench.cli_output import finish, json_records, saved_flags, show, stamp
+from workbench.bench.cli_policy import bench_policies
+from workbench.bench.concurrency import (
+    default_arms,
+    find_threshold,
+    policy_bases,
+    summarize,
+    switch_costs,
+)
+from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+from workbench.bench.threshold import sweep_threshold
+from workbench.config import SpecConfig
+from workbench.errors import ConfigError
+from workbench.machine import loadavg, machine_info
+from workbench.policy.policies import BatchThreshold
 
 if TYPE_CHECKING:
     from workbench.engine.engine import Engine
@@ -29,8 +44,6 @@ if TYPE_CHECKING:
 def _concurrency_arms(engine: Engine, ns: argparse.Namespace, shape: Any,
                       prompts: list[str]) -> dict[str, Any]:
     """``default_arms`` with ``--threshold``; prints the threshold arm's n and why."""
-    from workbench.bench.concurrency import default_arms, policy_bases
-
     arms = default_arms(engine, spec=shape, flips=True, threshold=args.threshold(ns),
                         prompts=prompts, max_new_tokens=args.max_new(ns))
     bases = policy_bases(arms)
@@ -47,16 +60,12 @@ def bench_concurrency(ns: argparse.Namespace) -> int:
     levels = args.levels(ns)  # flag errors first, whichever path
     args.threshold(ns)
     if getattr(ns, "policy", None) or getattr(ns, "json", False):
-        from workbench.bench.cli_policy import bench_policies
-        from workbench.errors import ConfigError
-
         if ns.url or not ns.policy:
             raise ConfigError("--policy/--json: named policies run on a local engine; give "
                               "--policy P,... and no --url")
         return bench_policies(ns)
     if ns.url:
         return bench_http(ns)
-    from workbench.bench.concurrency import find_threshold, summarize, switch_costs
 
     shape = args.spec(ns)
     prompts = args.prompts(ns)
@@ -113,10 +122,6 @@ def _stamp_sweep(df: pd.DataFrame, flags: list[Any], choices: dict[str, Any], be
 
 def bench_http(ns: argparse.Namespace) -> int:
     """Closed-loop sweep against a running server (ours or SGLang), one level at a time."""
-    from workbench.bench import http
-    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
-    from workbench.machine import loadavg, machine_info
-
     prompts = args.prompts(ns)
     rows = []
     with LoadSampler() as load:
@@ -157,11 +162,9 @@ def bench_http(ns: argparse.Namespace) -> int:
 
 def bench_threshold(ns: argparse.Namespace) -> int:
     if ns.url:  # on the box: --url BASELINE_URL,EAGLE3_URL (workbench.bench.threshold)
-        from workbench.bench.threshold import sweep_threshold
 
         sweep_threshold(ns.url, args.prompts(ns), args.levels(ns), args.max_new(ns), ns.out)
         return 0
-    from workbench.bench.concurrency import find_threshold
 
     levels = args.levels(ns)
     shape = args.spec(ns)
@@ -185,10 +188,6 @@ def bench_k0(ns: argparse.Namespace) -> int:
     """K=0 tax of the *default* SpecConfig: ``BatchThreshold(0)`` (a speculative engine that
     never drafts) vs the baseline, side by side (interleaved), per concurrency level; the same
     with ``draft_state="warm"`` for comparison. Goal: ≤ 2 % at every level with the default."""
-    from workbench.bench.concurrency import summarize
-    from workbench.config import SpecConfig
-    from workbench.policy.policies import BatchThreshold
-
     levels = args.levels(ns)
     shape = args.spec(ns)
     prompts = args.prompts(ns)

@@ -41,8 +41,10 @@ from tqdm.auto import tqdm
 
 from workbench.bench.sanity import LoadSampler, mark, report, sanity_flags
 from workbench.config import SamplingParams, SpecConfig
+from workbench.engine.calibrate import calibrate, measure_tau
 from workbench.errors import ConfigError
 from workbench.machine import loadavg, machine_info
+from workbench.policy.goodput import Goodput
 from workbench.policy.policies import Always, BatchThreshold, Never, RandomFlip, RecordingPolicy
 from workbench.stats import mean_ci, percentile
 
@@ -70,8 +72,6 @@ def default_arms(engine: Engine, spec: SpecConfig | None = None, threshold: int 
     acceptance measured there (``accept_seed``), not from its prior guess."""
     if engine.runner.draft is None:
         return {"baseline": None}
-    from workbench.engine.calibrate import calibrate, measure_tau
-    from workbench.policy.goodput import Goodput
 
     spec = spec or SpecConfig()
     shape = spec.shape

@@ -12,15 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import workbench as wb
+from workbench.bench.cli_output import announce_conditions
+from workbench.bench.spec import run_spec_bench
 from workbench.data_io import DATA_DIR, REPO_ROOT, load_prompts
+from workbench.engine.autotune import provisional_names
 
 
 def run(ns: argparse.Namespace) -> int:
-    import workbench as wb
-    from workbench.bench.cli_output import announce_conditions
-    from workbench.bench.spec import run_spec_bench
-    from workbench.engine.autotune import provisional_names
-
     conditions = announce_conditions()  # the first line: is this machine busy?
     target, draft = Path(ns.model), Path(ns.draft)
     if not (target / "config.json").is_file():

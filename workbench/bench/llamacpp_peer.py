@@ -39,7 +39,22 @@ from typing import IO, TYPE_CHECKING, Any
 
 import pandas as pd
 
+from workbench.bench import cli_args as args
+from workbench.bench.cli_output import (
+    finish,
+    json_records,
+    print_choices,
+    run_choices,
+    show,
+    stamp,
+)
+from workbench.bench.sanity import LoadSampler, mark, sanity_flags
+from workbench.config import SamplingParams
+from workbench.engine import affinity
 from workbench.errors import ConfigError
+from workbench.machine import machine_info
+from workbench.models.gguf import find_gguf
+from workbench.models.loader import resolve_path
 from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
@@ -80,8 +95,6 @@ def gguf_file(model: str | Path, explicit: str | None = None) -> Path:
         if not p.is_file() or p.suffix != ".gguf":
             raise ConfigError(f"--gguf: no .gguf file at {p}")
         return p
-    from workbench.models.gguf import find_gguf
-    from workbench.models.loader import resolve_path
 
     p = Path(model)
     # a pointer folder (gguf.json) names the fetched file in the user cache
@@ -188,13 +201,10 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
                        num_pred_tokens: int = 10) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Returns (per-prompt rows, summary, peer facts: llama.cpp's version, build features,
     threads, weights' bytes, tokenizer agreement, first divergences)."""
-    from workbench.config import SamplingParams
-
     if repeats < 1:
         raise ConfigError(f"--repeats: must be >= 1, got {repeats}")
     if not prompts:
         raise ConfigError("--peer llamacpp: no prompts")
-    from workbench.engine import affinity
 
     # threads = cores: every core this process started with (the engine may have pinned it to
     # fewer since; the runner sets its own affinity back to all of them)
@@ -376,17 +386,6 @@ def check_args(ns: argparse.Namespace) -> None:
 
 def bench_llamacpp(ns: argparse.Namespace) -> int:
     """``python -m workbench bench peers --peer llamacpp``: run, print, save, stamp."""
-    from workbench.bench import cli_args as args
-    from workbench.bench.cli_output import (
-        finish,
-        json_records,
-        print_choices,
-        run_choices,
-        show,
-        stamp,
-    )
-    from workbench.bench.sanity import LoadSampler, mark, sanity_flags
-
     check_args(ns)
     python = llamacpp_python(getattr(ns, "llamacpp_python", None))
     gguf = gguf_file(ns.model, getattr(ns, "gguf", None))
@@ -428,7 +427,6 @@ def bench_llamacpp(ns: argparse.Namespace) -> int:
     rows.to_csv(out / "peers_llamacpp_per_prompt.csv", index=False)
     summary.to_csv(out / "peers_llamacpp.csv", index=False)
     path = out / "peers_llamacpp.json"
-    from workbench.machine import machine_info
 
     path.write_text(json.dumps({"machine": machine_info(), "peer": facts,
                                 "spec": ns.spec if spec is not None else None,

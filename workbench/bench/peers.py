@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
+from workbench.models.loader import transformers_source
 from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
     small CPU; the CLI leaves it out with ``--quick``)."""
     from transformers import AutoModelForCausalLM
 
-    from workbench.models.loader import transformers_source
 
     if repeats < 1:
         raise ValueError(f"run_peers: repeats must be >= 1, got {repeats}")

@@ -36,6 +36,7 @@ from workbench.bench.concurrency import summarize
 from workbench.data_io import chat_messages_of, load_json, load_result_files, read_jsonl_records
 from workbench.errors import ConfigError
 from workbench.markdown import MISSING, num, row_interval, table
+from workbench.models.loader import load_tokenizer, resolve_path
 
 
 def interleave(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,8 +62,6 @@ def render_chat_prompts(src: str | Path, model: str | Path, out: str | Path,
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit: must be >= 1, got {limit}")
     if tokenizer is None:
-        from workbench.models.loader import load_tokenizer, resolve_path
-
         tokenizer = load_tokenizer(resolve_path(model))
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"--model {model}: its tokenizer has no chat template (a chat model "

@@ -61,6 +61,8 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.engine.autotune import choice_records
+from workbench.engine.contention import Conditions
 from workbench.machine import loadavg, machine_info
 from workbench.stats import ci_columns, mean_ci  # noqa: F401  (pages: sanity.mean_ci)
 
@@ -260,8 +262,6 @@ def sanity_flags(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, *, cores: int
 def choice_flags(choices: Mapping[str, Any] | None) -> list[Flag]:
     """One run-wide ``provisional_choice`` flag naming the engine choices (``Engine.choices``)
     that were measured under contention, with where and at what load; [] when none were."""
-    from workbench.engine.autotune import choice_records
-
     recs = [r for r in choice_records(choices or {}) if r["provisional"]]
     if not recs:
         return []
@@ -276,7 +276,6 @@ def contention_flags(conditions: Mapping[str, Any] | None) -> list[Flag]:
     (``workbench.engine.contention.Conditions.to_dict()``) were contended."""
     if not conditions or not conditions.get("contended"):
         return []
-    from workbench.engine.contention import Conditions
 
     c = Conditions(**{k: v for k, v in conditions.items()
                       if k in Conditions.__dataclass_fields__})

@@ -38,11 +38,13 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+import workbench as wb
 from workbench.bench.sanity import Flag
 from workbench.bench.spec import run_spec_bench
 from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import ConfigError
 from workbench.machine import machine_info
+from workbench.models.config import ModelConfig
 from workbench.models.synthetic import TargetShape, random_pair
 from workbench.stats import mean_ratio, ratio_of
 
@@ -73,8 +75,6 @@ def run_shapes(prompts: Sequence[str | Sequence[int]],
     each pair is followed by a random pair of its shape (:func:`shape_of`), labelled
     ``"<label> random twin"``; prompts must then be token ids (a random target has no
     tokenizer)."""
-    import workbench as wb
-
     shapes = dict(SHAPES if shapes is None else shapes)
     base = spec or SpecConfig(num_steps=5, topk=4, num_draft_tokens=16)
     check_tau(tau, base)
@@ -204,8 +204,6 @@ def shape_of(target: str | Path, draft: str | Path | None = None) -> tuple[Targe
     metadata, no weights loaded) and its head's draft vocabulary (``draft``'s config.json
     ``draft_vocab_size``; the random head's default 2048 without one). A target whose
     head_dim is not hidden / heads is refused: a twin could not have its cost."""
-    from workbench.models.config import ModelConfig
-
     mc = ModelConfig.from_folder(target)
     if mc.is_moe:
         raise ConfigError(f"bench shapes: {target} is a mixture-of-experts target; random twins "

@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+import workbench as wb
 from workbench.bench.cli_args import engine_overrides
 from workbench.bench.sanity import LoadSampler, mark, report, sanity_flags
 from workbench.bench.step_cost import PHASES, ForwardClock, decode_costs, forwards_ms, phase_costs
 from workbench.config import SamplingParams, SpecConfig
 from workbench.data_io import load_prompt_records
+from workbench.engine.engine import Engine as EngineCls
+from workbench.engine.prompts import tokenize
 from workbench.machine import git_commit, machine_info
 from workbench.stats import bootstrap_ratio, mean_ci
 
@@ -218,7 +221,6 @@ def dtype_effect(engine: Engine, prompts: list[Any], max_new_tokens: int = 64,
     cfg = engine.config
     if cfg.dtype == "float32":
         return None
-    from workbench.engine.engine import Engine as EngineCls
 
     ref = EngineCls.from_pretrained(engine.model_path, config=dataclasses.replace(
         cfg, dtype="float32"))
@@ -237,7 +239,6 @@ def dtype_effect(engine: Engine, prompts: list[Any], max_new_tokens: int = 64,
                     toks[name] += len(o.token_ids)
                     if r == 0:
                         outs[name].append(o.token_ids)
-        from workbench.engine.prompts import tokenize
 
         agree, first, max_d, mean_d = [], [], 0.0, []
         ta, tb = ref.runner.target, engine.runner.target
@@ -387,7 +388,6 @@ def tau_main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     import dataclasses
 
-    import workbench as wb
 
     s, k, n = (int(v) for v in ns.spec.split(","))
     spec = SpecConfig(num_steps=s, topk=k, num_draft_tokens=n)

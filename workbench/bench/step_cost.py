@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import workbench as wb
 from workbench.config import SamplingParams, SpecConfig
 
 if TYPE_CHECKING:
@@ -120,8 +121,6 @@ class ForwardClock:
 def _run(engine: Engine, prompts: list[Any], sp: SamplingParams,
          spec: SpecConfig | None) -> list[dict[str, Any]]:
     """The steps of one pass over ``prompts``: forward times joined with each step's mode."""
-    import workbench as wb
-
     with wb.trace(engine, events=["StepTiming"]) as tr, ForwardClock(engine) as clock:
         for p in prompts:
             engine.generate([p], sp, spec=spec)

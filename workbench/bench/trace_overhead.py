@@ -36,8 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+import workbench as wb
 from workbench.config import SamplingParams, SpecConfig
 from workbench.machine import machine_info
+from workbench.trace.events import StepTiming
 from workbench.trace.tracer import NullTracer, trace
 
 if TYPE_CHECKING:
@@ -107,7 +109,6 @@ def _check_cost_ns(obj: Any, stmt: str = "o.enabled", number: int = 200_000) -> 
     """Best-of-5 nanoseconds of one ``stmt`` (``o`` is ``obj``): a guard check."""
     import timeit
 
-    from workbench.trace.events import StepTiming
 
     t = timeit.Timer(stmt, globals={"o": obj, "Kind": StepTiming})
     return min(t.repeat(5, number)) / number * 1e9
@@ -230,8 +231,6 @@ MICRO_PROMPTS = ("def parse(path):\n", "import os\n\n", "class Config:\n    def 
 
 def main(argv: Sequence[str]) -> int:
     """``TARGET [DRAFT]``: load the engine, run the default sweep, print the table."""
-    import workbench as wb
-
     if not 1 <= len(argv) <= 2:
         print("usage: python -m workbench.bench.trace_overhead TARGET [DRAFT]", file=sys.stderr)
         return 2

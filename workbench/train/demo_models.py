@@ -30,6 +30,9 @@ from typing import Any
 
 from workbench.data_io import DATA_DIR, REPO_ROOT, load_prompts
 from workbench.errors import ConfigError
+from workbench.train import target, upcycle
+from workbench.train.eagle3 import DraftTrainConfig, data, train_draft, trainer
+from workbench.train.target import TargetTrainConfig, train_target
 
 SHIPPED_TARGET = DATA_DIR / "models" / "wb-target"
 SHIPPED_DRAFT = DATA_DIR / "models" / "wb-eagle3"
@@ -105,8 +108,6 @@ def quiet_progress() -> Iterator[None]:
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
-    from workbench.train import target, upcycle
-    from workbench.train.eagle3 import data, trainer
 
     quiet = functools.partial(tqdm, disable=True)
     modules = (target, data, trainer, upcycle)
@@ -126,9 +127,6 @@ def quiet_progress() -> Iterator[None]:
 
 def _build_micro(folder: Path) -> None:
     """Corpus → micro target → micro head, all under ``folder``."""
-    from workbench.train.eagle3 import DraftTrainConfig, train_draft
-    from workbench.train.target import TargetTrainConfig, train_target
-
     corpus = folder / "corpus"
     corpus.mkdir(parents=True)
     stdlib = Path(sysconfig.get_paths()["stdlib"])

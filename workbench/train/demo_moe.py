@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.data_io import DATA_DIR
+from workbench.models.synthetic import write_random_head
+from workbench.models.synthetic_moe import write_random_moe
 
 SHIPPED_MOE = DATA_DIR / "models" / "wb-moe"
 SHIPPED_MOE_DRAFT = DATA_DIR / "models" / "wb-moe-eagle3"
@@ -37,8 +39,6 @@ def demo_moe(fast: bool = False) -> MoePair:
     if not fast and (SHIPPED_MOE / "config.json").is_file() and \
             (SHIPPED_MOE_DRAFT / "config.json").is_file():
         return MoePair(SHIPPED_MOE, SHIPPED_MOE_DRAFT, "shipped")
-    from workbench.models.synthetic import write_random_head
-    from workbench.models.synthetic_moe import write_random_moe
 
     root = Path(os.environ.get("WORKBENCH_DEMO_DIR", DATA_DIR / "work")) / "demo-moe"
     target, draft = root / "target", root / "draft"

@@ -17,8 +17,11 @@ from typing import Any
 
 import numpy as np
 
+import workbench as wb
+from workbench.config import SamplingParams
 from workbench.data_io import read_jsonl_records
 from workbench.errors import ConfigError
+from workbench.models.loader import resolve_path
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -43,7 +46,6 @@ class ChatTokenizer:
     def __init__(self, model: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        from workbench.models.loader import resolve_path
 
         # a pointer folder (the real model's stable name) resolves to the cache folder that
         # holds the tokenizer files
@@ -62,8 +64,6 @@ class ChatTokenizer:
 
 
 def _answer(engine: Any, prompts: list[list[int]], max_new: int) -> list[list[int]]:
-    from workbench.config import SamplingParams
-
     outs = engine.generate(prompts, SamplingParams(max_new_tokens=max_new))
     return [list(o.token_ids) for o in outs]
 
@@ -92,7 +92,6 @@ def distill(model: str, prompts: Path, out: Path, per_kind: int, max_new_tokens:
     (``messages``) in ``prompts/heldout.jsonl``. Returns counts and seconds."""
     from tqdm.auto import tqdm  # here: a data tool, not one of the trainers quiet_progress mutes
 
-    import workbench as wb
 
     rows = read_prompts(prompts / "train.jsonl")
     if per_kind:

@@ -32,6 +32,8 @@ from typing import Any
 
 from workbench.data_io import PROMPTS_DIR
 from workbench.errors import ConfigError
+from workbench.train.distill import distill, pack
+from workbench.train.self_prompts import self_distill
 
 KINDS = ("chat", "translation", "summarization", "qa", "math", "retrieval", "code")
 OUT_DIR = PROMPTS_DIR / "real"
@@ -312,22 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--out", default="data/work/real-distill")
     ns = ap.parse_args(argv)
     if ns.cmd == "pack":
-        from workbench.train.distill import pack
-
         print(json.dumps(pack(Path(ns.out))))
         return 0
     if ns.cmd == "prompts":
         print(json.dumps(write_prompts(Path(ns.out), ns.seed)))
         return 0
     if ns.cmd == "self-distill":
-        from workbench.train.self_prompts import self_distill
-
         print(json.dumps(self_distill(ns.model, Path(ns.prompts), Path(ns.out),
                                       ns.conversations, ns.max_new_tokens, ns.prompt_tokens,
                                       ns.batch, ns.threads, ns.seed, ns.backend,
                                       ns.device, ns.time_limit)))
         return 0
-    from workbench.train.distill import distill
 
     print(json.dumps(distill(ns.model, Path(ns.prompts), Path(ns.out), ns.per_kind,
                              ns.max_new_tokens, ns.second_turn_tokens, ns.batch)))

@@ -27,6 +27,7 @@ from typing import Any
 
 from workbench.errors import ConfigError
 from workbench.train.distill import ChatTokenizer, read_prompts
+from workbench.train.turns import BACKENDS, open_turns
 
 # the target languages of translation prompts (real_prompts.LANGS: the template prompts', kept
 # equal by tests/train/test_self_prompts.py; not imported, since real_prompts' CLI imports this)
@@ -112,7 +113,6 @@ def self_distill(model: str, prompts: Path, out: Path, conversations: int,
     prompts built from kept ones), the share of sampled turns kept, and seconds."""
     from tqdm.auto import tqdm
 
-    from workbench.train.turns import BACKENDS, open_turns
 
     if conversations < 1 or batch < 1:
         raise ConfigError(f"conversations and batch must be >= 1, got {conversations}, {batch}")

@@ -25,7 +25,11 @@ from typing import Any, Protocol
 
 import torch
 
+import workbench as wb
+from workbench.config import usable_device
 from workbench.errors import ConfigError
+from workbench.models.config import ModelConfig
+from workbench.models.loader import resolve_path, transformers_source
 
 TEMPERATURE = 0.9
 TOP_P = 0.95
@@ -45,8 +49,6 @@ class EngineTurns:
     """The workbench engine on ``device`` (each sampled row seeded by ``seed * 1024 + row``)."""
 
     def __init__(self, model: str, batch: int, threads: int, device: str = "cpu") -> None:
-        import workbench as wb
-
         self._wb = wb
         self.engine = wb.Engine.from_pretrained(model, config=wb.EngineConfig(
             max_batch_size=batch, kv_budget_tokens=batch * 1024, max_prefill_tokens=4096,
@@ -75,9 +77,6 @@ class TransformersTurns:
     def __init__(self, model: str, batch: int, device: str, tok: Any) -> None:
         from transformers import AutoModelForCausalLM
 
-        from workbench.config import usable_device
-        from workbench.models.config import ModelConfig
-        from workbench.models.loader import resolve_path, transformers_source
 
         dev = usable_device(device)
         src, kw = transformers_source(model)

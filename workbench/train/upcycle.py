@@ -24,6 +24,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from workbench.errors import ConfigError
+from workbench.models.loader import load_target, read_safetensors
+from workbench.models.moe import SparseMoe
+from workbench.train.corpus import split_corpus
+from workbench.train.target import EOS, encode_all
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,6 @@ def corpus_tokens(folder: Path, seq_len: int, corpus: str = "") -> tuple[np.ndar
     the target's own tokenizer: (train, held-out) token arrays."""
     from tokenizers import Tokenizer
 
-    from workbench.train.corpus import split_corpus
-    from workbench.train.target import EOS, encode_all
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     split = split_corpus(corpus or None)
@@ -119,8 +121,6 @@ def upcycle(cfg: UpcycleConfig) -> dict[str, Any]:
     import transformers
     from safetensors.torch import save_file
 
-    from workbench.models.loader import load_target, read_safetensors
-    from workbench.models.moe import SparseMoe
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

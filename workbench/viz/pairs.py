@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import workbench as wb
 from workbench.data_io import (
     DATA_DIR,
     PROMPTS_DIR,
@@ -32,6 +33,7 @@ from workbench.data_io import (
     read_jsonl_records,
 )
 from workbench.errors import ConfigError
+from workbench.models.fetch import POINTER, Pointer, is_fetched
 from workbench.train.demo_models import demo_models
 
 # ``WORKBENCH_REAL_TARGET`` / ``WORKBENCH_REAL_DRAFT`` / ``WORKBENCH_REAL_PROMPTS`` point the pages
@@ -55,7 +57,6 @@ def real_missing() -> str | None:
         return f"no held-out prompts for the real model ({REAL_PROMPTS})"
     if (REAL_TARGET / "config.json").is_file():
         return None
-    from workbench.models.fetch import POINTER, Pointer, is_fetched
 
     if not (REAL_TARGET / POINTER).is_file():
         return f"{REAL_TARGET} is neither a model folder nor a pointer folder"
@@ -107,8 +108,6 @@ class PagePair:
     def config(self) -> Any:
         """The page's ``EngineConfig``: the real target's KV pool held to 16,384 tokens (its
         30 layers x 3 KV heads x 64 dims cost 46 KB a token in float32), defaults otherwise."""
-        import workbench as wb
-
         return wb.EngineConfig(kv_budget_tokens=REAL_KV_TOKENS) if self.real \
             else wb.EngineConfig()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.data_io import DATA_DIR, load_result_files
+from workbench.engine.autotune import conditions_line
 from workbench.stats import mean_ci
 
 if TYPE_CHECKING:
@@ -75,8 +76,6 @@ def conditions_html(choices: dict[str, Any], what: str,
     attention, threads, compile, policy …, each with how and where it was decided), the
     machine and the load. ``scripts/export_reports.py`` copies the page's blocks into its
     stamp."""
-    from workbench.engine.autotune import conditions_line
-
     # what, how, where and at what load each choice was measured (PROVISIONAL when measured
     # under contention): the engine's own stamp line
     chosen = {k: v for k, v in choices.items() if not isinstance(v, dict) or "choice" in v}

@@ -20,6 +20,7 @@ from workbench.config import SamplingParams, SpecConfig
 from workbench.errors import WorkbenchError
 from workbench.policy.policies import Always, BatchThreshold, Never, Policy
 from workbench.trace.events import Event, Prefill, Verified
+from workbench.trace.frame import frame
 from workbench.trace.tracer import trace
 from workbench.viz import figures
 
@@ -221,8 +222,6 @@ class Explorer:
     # -- drawing ----------------------------------------------------------------------------
     def tree_frame(self) -> pd.DataFrame:
         """``frame("tree")`` of everything this explorer recorded for its request."""
-        from workbench.trace.frame import frame
-
         df = frame(self.events, "tree")
         return df[df["rid"] == self.rid] if self.rid is not None else df.iloc[:0]
 

@@ -25,6 +25,7 @@ from workbench.viz.figures.style import (
     require,
     tick_log_axis,
 )
+from workbench.viz.prose import ABOVE, BELOW, UNRESOLVED, verdict
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,8 +89,6 @@ def resolved_crossovers(df: pd.DataFrame, baseline: str = "baseline",
     ``ratio`` (arm, concurrency, ratio, ratio_lo, ratio_hi: the paired per-repeat ratio to the
     baseline) decides when given; otherwise the tok/s intervals (``tok_s_lo``/``tok_s_hi``)
     of the arm and the baseline must not overlap. Without any interval: None for every arm."""
-    from workbench.viz.prose import ABOVE, BELOW, UNRESOLVED, verdict
-
     arms = [a for a in dict.fromkeys(df["arm"]) if a != baseline]
     out: dict[str, tuple[float, float] | None] = {}
     for arm in arms:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
+from workbench.viz.prose import ABOVE, BELOW, verdict
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -101,8 +103,6 @@ def interval_color(lo: float | None, hi: float | None, ref: float = 1.0) -> str:
     """:data:`FASTER` / :data:`SLOWER` only when the interval [lo, hi] lies wholly on one side
     of ``ref``; :data:`NEUTRAL` when it straddles it or is missing (a point estimate alone
     never colours a side)."""
-    from workbench.viz.prose import ABOVE, BELOW, verdict
-
     v = verdict(lo, hi, ref)
     return FASTER if v == ABOVE else SLOWER if v == BELOW else NEUTRAL
 
