@@ -82,6 +82,10 @@ def decide_weights(runner: ModelRunner, cached: Mapping[str, Any] | None,
                               "compressed-tensors pack-quantized folder)")
         return Choice("weights", "dequant", "only", ("dequant",),
                       note="no quantised tensors in the checkpoint")
+    if not hasattr(target, "packed_weights"):
+        return Choice("weights", "dequant", "only", ("dequant",),
+                      note=f"{quant_note(target)} dequantised: a {type(target).__name__} runs "
+                           "dense GEMMs only")
     note = quant_note(target)
     dense_gemm = target.gemm
     if want != "auto":

@@ -15,6 +15,7 @@ from torch import nn
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.models.config import ModelConfig
+from workbench.models.ct_loader import quantization_config, read_pack_quantized
 from workbench.models.eagle3 import Eagle3Config, Eagle3Draft
 from workbench.models.gguf import find_gguf, hf_config, open_gguf, read_quant, read_tensors
 from workbench.models.llama import LlamaForCausalLM, rope_inv_freq
@@ -151,7 +152,11 @@ def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
     model = model.to_empty(device=device).to(dt)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    tensors, note = text_tensors(read_safetensors(folder), cfg)
+    raw, quant = read_safetensors(folder), {}
+    qcfg = quantization_config(folder)
+    if qcfg is not None:  # compressed-tensors pack-quantized: dequantised + kept packed
+        raw, quant = read_pack_quantized(raw, qcfg, dt)
+    tensors, note = text_tensors(raw, cfg)
     optional = ("lm_head.weight",) if cfg.tie_word_embeddings else ()
     load_state(model, tensors, dt, optional=optional,
                ignore_prefixes=("model.rotary_emb",))
@@ -160,6 +165,8 @@ def load_target(path: str | Path, dtype: str | torch.dtype = "float32",
     else:
         model.model.rotary_emb.inv_freq = rope_inv_freq(cfg).to(device)  # buffer, not in file
     model.load_note = note
+    if quant and torch.device(device).type == "cpu":
+        model.quant = text_tensors(quant, cfg)[0]  # type: ignore[arg-type]
     model.eval().requires_grad_(False)
     return model, cfg, folder
 
