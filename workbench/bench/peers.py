@@ -156,4 +156,7 @@ def run_peers(engine: Engine, prompts: list[str], max_new_tokens: int = 128,
             ratio = per.loc[arm, "tok_s"] / per.loc["hf generate", "tok_s"]
             _, lo, hi = mean_ci(ratio.tolist())
             g.loc[arm, ["vs_hf_generate_lo", "vs_hf_generate_hi"]] = [lo, hi]
-    return df, g.reset_index(), {**machine_info(), "dtype": engine.config.dtype}
+    # the workbench arms' weight format (EngineConfig.weights: packed codes or dequantised)
+    weights = (engine.choices.get("weights") or {}).get("choice", "dequant")
+    return df, g.reset_index(), {**machine_info(), "dtype": engine.config.dtype,
+                                 "weights": weights}

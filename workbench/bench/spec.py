@@ -404,6 +404,9 @@ def tau_main(argv: list[str] | None = None) -> int:
     finally:
         engine.close()
     print(tau_table(res).to_string(index=False))
+    # both arms (plain and speculative) run the same weights: packed codes or dequantised
+    res["weights"] = res["engine_choices"].get("weights", {}).get("choice", "dequant")
+    print(f"weights: {res['weights']} (both arms)")
     commit = git_commit() or ""
     res.update({"command": "python -m workbench.bench.spec " + " ".join(sys.argv[1:] if argv
                                                                          is None else argv),

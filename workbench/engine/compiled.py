@@ -299,6 +299,12 @@ def compile_stage(runner: ModelRunner, key: str) -> Choice:
         return autotune.Choice("compile", "off", "only", ("eager",),
                                note=f"a {type(runner.target).__name__} routes by data: "
                                     "no fixed graph to compile")
+    if runner.target is not None and runner.target.gemm == "packed":
+        # the compiled graph traces dense views (make_fn): its rows would not be the packed
+        # kernel's that the eager verify runs, and speculative would differ from plain
+        return autotune.Choice("compile", "off", "only", ("eager",),
+                               note="packed weights (EngineConfig.weights): the compiled decode "
+                                    "traces dense weights, not the packed kernel")
     if mode == "off":
         return autotune.Choice("compile", "off", "forced", cands)
     path = autotune.cache_path()
