@@ -31,7 +31,7 @@ class EngineConfig:
     allow_baseline_fallback: bool = False  # draft init failure → explicit baseline engine
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
     # "auto": flashinfer on CUDA when it imports, else triton on CUDA, else torch
-    attention_backend: Literal["auto", "torch", "triton", "flashinfer"] = "auto"
+    attention_backend: Literal["auto", "torch", "triton", "flashinfer", "invariant"] = "auto"
     cuda_graphs: bool = True  # capture decode CUDA graphs at init (CUDA only; CPU skips)
     cuda_graphs_fallback: bool = False  # capture failure → eager engine + "fallback" InitStage
     overlap_schedule: bool = False  # CUDA: async metadata staging (engine/overlap.py); CPU no-op
@@ -58,6 +58,14 @@ class EngineConfig:
     # "adapt": on a contended CPU the thread count is measured at init and re-measured while
     # the engine runs (engine/contention.py); "off": torch's thread count throughout
     contention: Literal["adapt", "off"] = "adapt"
+    # Row-invariant numerics (what SGLang's --enable-deterministic-inference and vLLM's batch
+    # invariance give): every row of a forward bit-identical whatever the number of rows, its
+    # place among them and the other requests beside it, so greedy speculative == greedy plain
+    # in every dtype (bfloat16 included). CPU engine: the invariant attention backend (a C row
+    # kernel), GEMM paths probed for row invariance at init, the compiled decode off. Off, a
+    # reduced-precision engine with a draft must pass a row-invariance probe at init or refuse
+    # (engine/stages.self_check). docs/REFERENCE.md §3, docs/PERFORMANCE.md §6b.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -86,9 +94,9 @@ class EngineConfig:
         if not _is_int(self.threads) or self.threads < 0:
             raise ConfigError(f"EngineConfig.threads: must be an integer >= 0 (0 = torch's "
                               f"default), got {self.threads!r}")
-        if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
+        if self.attention_backend not in ("auto", "torch", "triton", "flashinfer", "invariant"):
             raise ConfigError(f"EngineConfig.attention_backend: {self.attention_backend!r} not "
-                              "in auto/torch/triton/flashinfer")
+                              "in auto/torch/triton/flashinfer/invariant")
         if self.gemm not in ("auto", "onednn", "dense"):
             raise ConfigError(f"EngineConfig.gemm: {self.gemm!r} not in auto/onednn/dense")
         if not _is_int(self.row_floor) or not 0 <= self.row_floor <= 16:
@@ -105,10 +113,21 @@ class EngineConfig:
         if self.contention not in ("adapt", "off"):
             raise ConfigError(f"EngineConfig.contention: {self.contention!r} not in adapt/off")
         for name in ("self_check", "allow_baseline_fallback", "cuda_graphs",
-                     "cuda_graphs_fallback", "overlap_schedule"):
+                     "cuda_graphs_fallback", "overlap_schedule", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"EngineConfig.{name}: must be a bool, got "
                                   f"{getattr(self, name)!r}")
+        if self.batch_invariant:
+            if torch.device(self.device).type != "cpu":
+                raise ConfigError(f"EngineConfig.batch_invariant: the row-invariant kernels run "
+                                  f"on the CPU engine; device is {self.device!r}")
+            if self.dtype not in ("float32", "bfloat16"):
+                raise ConfigError(f"EngineConfig.batch_invariant: float32 or bfloat16 only, got "
+                                  f"dtype {self.dtype!r}")
+            if self.attention_backend not in ("auto", "invariant"):
+                raise ConfigError(f"EngineConfig.batch_invariant: runs the 'invariant' attention "
+                                  f"backend; attention_backend={self.attention_backend!r} "
+                                  f"conflicts")
 
 
 # torch.Generator.manual_seed accepts exactly this range

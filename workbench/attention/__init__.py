@@ -7,7 +7,10 @@ attributes (no ``getattr`` probing):
 * ``triton`` — :class:`~workbench.attention.triton_backend.TritonTreeAttention` (CUDA, or CPU
   under ``TRITON_INTERPRET=1`` for tests);
 * ``flashinfer`` — :class:`~workbench.attention.flashinfer_backend.FlashInferAttention` (CUDA
-  only).
+  only);
+* ``invariant`` — :class:`~workbench.attention.invariant.RowInvariantAttention` (CPU: every
+  row bit-identical whatever shares its forward; what ``EngineConfig(batch_invariant=True)``
+  runs).
 
 ``auto``: flashinfer on CUDA when it imports, else triton on CUDA when installed, else torch.
 A backend that cannot be built raises; the engine turns that into
@@ -25,14 +28,14 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-BACKENDS = ("auto", "torch", "triton", "flashinfer")
+BACKENDS = ("auto", "torch", "triton", "flashinfer", "invariant")
 
 
 @runtime_checkable
 class AttentionBackend(Protocol):
     """What the model's layers and the ModelRunner need from a backend for one pool."""
 
-    name: str  # "torch" | "triton" | "flashinfer" (events, reports)
+    name: str  # "torch" | "triton" | "flashinfer" | "invariant" (events, reports)
     # Capability: ``plan`` accepts any slot list per request (a draft with holes); False for
     # page-table backends, which need whole positions [0, kv_len).
     arbitrary_slots: bool
@@ -72,6 +75,10 @@ def make_attention_backend(kind: str, k_pool: torch.Tensor, v_pool: torch.Tensor
         from workbench.attention.paged import PagedAttention
 
         return PagedAttention(k_pool, v_pool, num_heads)
+    if name == "invariant":
+        from workbench.attention.invariant import RowInvariantAttention
+
+        return RowInvariantAttention(k_pool, v_pool, num_heads)
     if name == "triton":
         from workbench.attention.triton_backend import TritonTreeAttention
 

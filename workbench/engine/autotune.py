@@ -405,7 +405,10 @@ def autotune(engine: Engine, more: tuple[Decide, ...] = ()) -> dict[str, Choice]
             choices[c.name] = c
     attn = engine.config.attention_backend
     dev = torch.device(engine.config.device).type
-    if attn == "auto" and dev == "cpu":
+    if engine.config.batch_invariant:
+        choices["attention"] = Choice("attention", "invariant", "only", ("invariant",),
+                                      note="batch_invariant: the C row kernel")
+    elif attn == "auto" and dev == "cpu":
         # no second CPU kernel to time: a manual matmul/softmax path would have to serve
         # decode and verify alike to keep their rows bit-consistent, and it measured slower at
         # T=1 (13.6 vs 11.0 µs per layer, 2-core EPYC; docs/MEASUREMENTS.md §1)

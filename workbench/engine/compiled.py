@@ -307,6 +307,10 @@ def compile_stage(runner: ModelRunner, key: str) -> Choice:
                                     "traces dense weights, not the packed kernel")
     if mode == "off":
         return autotune.Choice("compile", "off", "forced", cands)
+    if runner.config.batch_invariant:
+        return autotune.Choice("compile", "off", "only", ("eager",),
+                               note="batch_invariant: Inductor's fused decode graph rounds "
+                                    "differently from the eager verify rows")
     path = autotune.cache_path()
     cached = autotune.final(autotune.read_cache(path).get(key, {}).get("compile"))
     if mode == "auto" and (cached is None or cached.get("choice") != "on"):

@@ -76,6 +76,7 @@ class Engine:
         self._stepping = False  # inside step(): abort() defers to the step's end
         self._deferred_aborts: list[int] = []
         self.init_log: list[tuple[str, str, float]] = []
+        self.init_details: dict[str, str] = {}  # stage → its detail line (InitStage.detail)
         # every machine-dependent "auto", decided at init (engine/autotune.py): name → Choice dict
         self.choices: dict[str, Any] = {}
         # re-measures the thread count as the machine's load changes (engine/contention.py)
@@ -132,6 +133,7 @@ class Engine:
                       detail: str) -> None:
         seconds = time.perf_counter() - t0
         self.init_log.append((name, status, seconds))
+        self.init_details[name] = detail
         if self.trace.wants(ev.InitStage):
             self.trace.emit(ev.InitStage(t=time.perf_counter(), stage=name, status=status,
                                          seconds=seconds, detail=detail))

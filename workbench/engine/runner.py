@@ -120,8 +120,9 @@ class ModelRunner:
 
     def attention_backend(self, mc: ModelConfig) -> str:
         assert self.pool is not None
-        kind = self.config.attention_backend
-        if self.pool.v_shares_k:  # latent attention: key dim != value dim, SDPA only
+        kind = self._attention_kind()
+        # latent attention (key dim != value dim): SDPA or the invariant row kernel only
+        if self.pool.v_shares_k and kind != "invariant":
             if kind not in ("auto", "torch"):
                 raise ConfigError(f"EngineConfig.attention_backend: {kind!r} cannot run latent "
                                   "attention (MLA: key and value dims differ); use 'torch'")
@@ -130,11 +131,15 @@ class ModelRunner:
                                            mc.num_attention_heads, self.pool.page_size)
         return f"backend={backend_name(self.attn)}"
 
+    def _attention_kind(self) -> str:
+        """The configured backend; ``invariant`` under ``EngineConfig.batch_invariant``."""
+        return "invariant" if self.config.batch_invariant else self.config.attention_backend
+
     def draft_attention_backend(self) -> None:
         if self.draft is None:
             return
         assert self.pool is not None and self.pool.dk is not None and self.pool.dv is not None
-        self.draft_attn = make_attention_backend(self.config.attention_backend, self.pool.dk,
+        self.draft_attn = make_attention_backend(self._attention_kind(), self.pool.dk,
                                                  self.pool.dv,
                                                  self.draft.config.num_attention_heads,
                                                  self.pool.page_size)

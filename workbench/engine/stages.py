@@ -43,10 +43,12 @@ def autotune(eng: Engine) -> str:
     per-machine cache (engine/autotune.py); the choices and timings are the detail. A measured
     thread count on a CPU engine with ``contention="adapt"`` gets a contention monitor."""
     from workbench.engine import autotune as tune
+    from workbench.engine.invariance import decide_invariance
     from workbench.engine.shape_choices import decide_draft_dtype, decide_rows
     from workbench.engine.weights_choice import decide_weights
 
-    found = tune.autotune(eng, more=(decide_weights, decide_rows, decide_draft_dtype))
+    found = tune.autotune(eng, more=(decide_weights, decide_rows, decide_invariance,
+                                     decide_draft_dtype))
     eng.choices = {name: c.to_dict() for name, c in found.items()}
     threads = found["threads"]
     if threads.source in ("measured", "only") and eng.config.contention == "adapt" and \
@@ -112,22 +114,96 @@ def compile_forward(eng: Engine) -> str:
     return choice.detail()
 
 
-def self_check(eng: Engine) -> None:
-    """Four greedy tokens, plain and (with a draft) speculative, must agree; then the stats and
-    the step counter start from zero."""
+# The self-check's row-invariance probe: three prompts of different lengths, decoded plainly
+# one at a time and together, then speculatively under each shape (a chain of S+1 rows, the
+# default 16-node tree, a 32-node tree), every emitted token's logprob compared bit for bit.
+CHECK_SHAPES = {"chain S5": SpecConfig(num_steps=5, topk=1),
+                "S5K4N16": SpecConfig(num_steps=5, topk=4, num_draft_tokens=16),
+                "S6K8N32": SpecConfig(num_steps=6, topk=8, num_draft_tokens=32)}
+CHECK_TOKENS = 8
+REDUCED = ("bfloat16", "float16")
+
+
+def self_check(eng: Engine) -> str | None:
+    """Four greedy tokens must come out; with a draft, greedy speculative output must equal
+    greedy plain output at the row counts trees verify (:data:`CHECK_SHAPES`, bs 1 and 3),
+    and their logprobs must be bit-identical where rows must be invariant:
+    ``EngineConfig.batch_invariant`` on, or a reduced-precision dtype (a last-bit difference
+    there flips near-ties: the refusal names the switch). A float32 engine without the switch
+    passes with equal tokens and says how far its logprobs differ. Then the stats and the
+    step counter start from zero."""
     if not eng.config.self_check:
-        return
+        return None
     assert eng.model_config is not None
-    prompt = list(range(1, min(9, eng.model_config.vocab_size)))
-    sp = SamplingParams(max_new_tokens=4)
-    plain = eng.generate([prompt], sp)[0].token_ids
+    vocab = eng.model_config.vocab_size
+    prompt = list(range(1, min(9, vocab)))
+    plain = eng.generate([prompt], SamplingParams(max_new_tokens=4))[0].token_ids
     if len(plain) != 4:
         raise RuntimeError(f"self-check produced {len(plain)} tokens, expected 4")
+    detail = None
     if eng.runner.draft is not None:
-        spec = eng.generate([prompt], sp, spec=SpecConfig(num_steps=2, topk=2,
-                                                          num_draft_tokens=4))[0].token_ids
-        if spec != plain:
-            raise RuntimeError(f"self-check: speculative output {spec} != plain {plain}")
+        detail = _rows_check(eng, [prompt] + [[(7 * i + 3 * j) % (vocab - 1) + 1
+                                               for j in range(n)]
+                                              for i, n in ((1, 13), (2, 21))])
     eng.stats.reset()
     eng.step_id = 0
     eng.worker.plain_streak = 0
+    return detail
+
+
+def _rows_check(eng: Engine, prompts: list[list[int]]) -> str:
+    """The self-check's speculative half (see :func:`self_check`); the detail line."""
+    from workbench.core import LogprobParams, RequestOutput
+
+    sp = SamplingParams(max_new_tokens=CHECK_TOKENS, ignore_eos=True)
+    lp = LogprobParams(top_k=2)
+    strict = eng.config.batch_invariant or eng.config.dtype in REDUCED
+
+    def run(ps: list[list[int]], spec: SpecConfig | None) -> list[RequestOutput]:
+        eng.set_spec(spec)
+        try:
+            rids = [eng.add_request(p, sp, logprobs=lp) for p in ps]
+            while not all(eng.requests[r].finished for r in rids):
+                eng.step()
+            return [eng.output(r) for r in rids]
+        finally:
+            eng.set_spec(None)
+
+    ref = run(prompts, None)
+    runs = {"plain bs=1": [run([p], None)[0] for p in prompts]}
+    for name, spec in CHECK_SHAPES.items():
+        runs[name] = run(prompts, spec)
+    worst = 0.0
+    for name, outs in runs.items():
+        for i, (o, r) in enumerate(zip(outs, ref, strict=True)):
+            if o.token_ids != r.token_ids:
+                raise RuntimeError(
+                    f"self-check: {name} output {o.token_ids} != plain bs=3 {r.token_ids} "
+                    f"(prompt {i}, dtype {eng.config.dtype}, batch_invariant="
+                    f"{eng.config.batch_invariant})" + _hint(eng))
+            a = torch.tensor(o.output_logprobs, dtype=torch.float64)
+            b = torch.tensor(r.output_logprobs, dtype=torch.float64)
+            d = float((a - b).abs().max()) if a.numel() else 0.0
+            if d and strict:
+                raise RuntimeError(
+                    f"self-check: {name} rows are not bit-identical to plain decoding "
+                    f"(prompt {i}: logprobs differ by up to {d:.3g} in {eng.config.dtype})"
+                    + _hint(eng))
+            worst = max(worst, d)
+    shapes = ", ".join(CHECK_SHAPES)
+    if worst == 0.0:
+        return (f"rows invariant: plain bs=1 and {shapes} give plain bs=3's tokens and "
+                f"logprobs bit for bit")
+    return (f"tokens equal under {shapes}; logprobs differ by up to {worst:.3g} "
+            f"({eng.config.dtype} rows are not bit-invariant here; "
+            f"EngineConfig(batch_invariant=True) makes them)")
+
+
+def _hint(eng: Engine) -> str:
+    if eng.config.batch_invariant:
+        return " — a row-invariance bug: please report it with this message"
+    fix = ("set EngineConfig(batch_invariant=True) (--engine batch_invariant=true)"
+           if eng.runner.device.type == "cpu" else
+           "EngineConfig(batch_invariant=True) runs on the CPU engine only; use dtype='float32'")
+    return ("; rows of a forward are not invariant in this format on this machine, so near-ties "
+            f"flip: {fix} for lossless speculation")
