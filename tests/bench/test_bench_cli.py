@@ -187,8 +187,15 @@ def test_bench_spec_states_a_reduced_dtype_s_effect(micro_target: Path, tmp_path
     assert 0.0 < eff["max_logit_diff"] < 10.0  # bf16 rounds: never exactly float32's
     assert eff["tok_s"]["float32"] > 0 and eff["tok_s"]["bfloat16"] > 0
     assert all(r["lossless"] for r in doc["summary"])  # against the bf16 baseline
+    assert doc["numerics"]["dtype"] == "bfloat16" and doc["numerics"]["batch_invariant"]
+    assert doc["numerics"]["attention"] == "invariant"
+    cost = doc["invariance_cost"]  # the switch's price beside the default path, same run
+    assert cost["tok_s"]["batch_invariant"] > 0 and cost["tok_s"]["default"] > 0
+    assert cost["ratio_ci"][0] <= cost["ratio"] <= cost["ratio_ci"][1]
+    assert cost["default"]["attention"] == "torch" and not cost["default"]["batch_invariant"]
     printed = capsys.readouterr().out
     assert "dtype bfloat16 vs float32 (baselines, same run)" in printed
+    assert "batch_invariant cost (bfloat16, plain decode, same run)" in printed
     assert "thread count:" in printed or "threads=" in printed
 
 

@@ -21,6 +21,12 @@ import pandas as pd
 from workbench.bench import cli_args as args
 from workbench.bench.cli_output import finish, json_records, print_choices, run_choices, show, stamp
 from workbench.bench.load import run_load_bench, verdict
+from workbench.bench.numerics import (
+    invariance_cost,
+    invariance_cost_line,
+    numerics,
+    numerics_line,
+)
 from workbench.bench.peers import run_peers
 from workbench.bench.sanity import LoadSampler, mark, sanity_flags
 from workbench.bench.shapes import (
@@ -52,6 +58,9 @@ def bench_spec(ns: argparse.Namespace) -> int:
         mon = engine.contention
         # a reduced dtype's speed and numerical effect against float32, stated, never silent
         effect = dtype_effect(engine, prompts[:4], args.max_new(ns))
+        # the format every arm ran, and what row invariance costs beside the default path
+        formats = numerics(engine)
+        cost = invariance_cost(engine, prompts[:4], args.max_new(ns))
     finally:
         engine.close()
     flags = res.flags()
@@ -61,10 +70,14 @@ def bench_spec(ns: argparse.Namespace) -> int:
     if mon is not None:
         print(f"thread count: {len(mon.log)} re-measurement(s) during the run, "
               f"{mon.recalibrations} drift(s) on a quiet machine re-calibrated without one")
-    extra = {"engine_choices": choices}
+    extra = {"engine_choices": choices, "numerics": formats}
+    print(numerics_line(formats))
     if effect is not None:
         print(dtype_effect_line(effect))
         extra["dtype_effect"] = effect
+    if cost is not None:
+        print(invariance_cost_line(cost))
+        extra["invariance_cost"] = cost
     path = res.save(ns.out)
     stamp(path, flags, res.machine.get("load"), extra, "spec", mark(res.summary, flags))
     print(f"\nresults: {path}")
@@ -115,8 +128,12 @@ def bench_peers(ns: argparse.Namespace) -> int:
                 assistant=assistant, repeats=repeats, compiled=not getattr(ns, "quick", False),
                 variant=variant)
         choices = run_choices(engine)
+        extra = {"numerics": numerics(engine)}
+        print(numerics_line(extra["numerics"]))
         if variant is not None:
-            extra = {"engine_b": ns.engine_b, "engine_b_choices": run_choices(variant)}
+            extra |= {"engine_b": ns.engine_b, "engine_b_choices": run_choices(variant),
+                      "numerics_b": numerics(variant)}
+            print("[B] " + numerics_line(extra["numerics_b"]))
     finally:
         engine.close()
         if variant is not None:
