@@ -312,10 +312,8 @@ class SpecConfig:
     # warm steps extend only drafts at most catchup_window behind, so a new prompt longer than
     # that waits for its first speculative step (high load never pays for its extend).
     # Default "auto", the best measured setting: "warm" runs a draft forward on every plain
-    # step, a K=0 tax (BatchThreshold(0) vs baseline) of +14-17 % on a 2-core Xeon and +8-15 %
-    # on a 2-core EPYC; "auto" measured -0.7/0.1/1.9/0.2 % at concurrency 1/4/16/64 (EPYC, load
-    # 3-4, 3 repeats; 0.3-6.6 % in a 1-64 sweep under load 6-11), see `bench k0` and
-    # data/results/amd-epyc-family-26.json. Outputs never depend on it.
+    # step (a K=0 tax against the baseline), "auto" pays it only on short flips; `bench k0`
+    # measures both, figures in docs/MEASUREMENTS.md §3. Outputs never depend on it.
     draft_state: Literal["warm", "cold", "auto"] = "auto"
     # a cold draft keeps the target features of at most this many missed positions (the most
     # recent): the catch-up when speculation returns extends over them only, and older missed

@@ -74,8 +74,8 @@ def valid_distribution(p: torch.Tensor) -> bool:
 
 
 # argmax_rows: rows of a CPU tensor are reduced in blocks of this many columns when there are at
-# least ARGMAX_BLOCK_ROWS of them (measured on the 2-core EPYC, 8192 columns: 16 rows 110 -> 30
-# µs, 64 rows 330 -> 70 µs; one row is faster plainly, 7 vs 15 µs)
+# least ARGMAX_BLOCK_ROWS of them (blocks win from a few rows up, one row is faster plainly;
+# figures in docs/MEASUREMENTS.md §4)
 ARGMAX_BLOCK = 128
 ARGMAX_BLOCK_ROWS = 4
 
