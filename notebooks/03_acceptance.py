@@ -183,16 +183,19 @@ F.alpha_by_position(F.accept_rate_by_position(cat_verify[cat_verify.temperature 
                                               by="category"), by="category")
 
 # %% [markdown]
-# The table in the form the EAGLE papers use: speedup [95 % interval] and τ (mean over the
-# prompts) per category, at
-# each temperature, with the number of prompts n behind each cell. A cell with fewer than
+# The table in the form the EAGLE papers use: speedup [95 % interval] and τ (the mean over the
+# prompts of each prompt's τ; the histograms above pool verify steps, so their means differ) per
+# category, at each temperature, with the number of prompts n behind each cell. A cell with fewer than
 # `MIN_CELL` prompts is merged with the other small ones rather than shown alone; a cell whose speedup exceeds its τ
 # (impossible: a speculative step never costs less than a plain one) or that ran on a loaded
 # machine is flagged.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-# speedup: geometric mean of the per-prompt ratios with its 95 % interval (log scale)
+# speedup: geometric mean of the per-prompt ratios with its 95 % interval (log scale); τ here is
+# the mean over prompts of each prompt's τ (the histograms above pool verify steps instead, so a
+# long request weighs more there): each is labelled with what it averages
+TAU_BY_PROMPT = "τ, mean over prompts"
 counts = runs.groupby("category").prompt.nunique()
 small = [c for c, k in counts.items() if k < MIN_CELL]
 runs["cell"] = ["merged: " + "+".join(small) if c in small else c for c in runs.category]
@@ -212,7 +215,7 @@ table = cells.assign(
         f" ⚠ {r.flags}" if r.flags else "") for r in cells.itertuples()]
 ).pivot_table(index="category", columns="temperature", values=["cell", "tau"],
               aggfunc="first", sort=False)
-table.columns = [f"{'speedup [95 % CI] n' if what == 'cell' else 'τ'} · T = {t:g}"
+table.columns = [f"{'speedup [95 % CI] n' if what == 'cell' else TAU_BY_PROMPT} · T = {t:g}"
                  for what, t in table.columns]
 table = table[sorted(table.columns, key=lambda c: (c.split("T = ")[1], c.startswith("τ")))]
 table.round(2)

@@ -114,9 +114,10 @@ class Claim:
 
 def interval(value: float, lo: float | None, hi: float | None, unit: str = "",
              digits: int = 2) -> str:
-    """``1.66× [0.75–3.65]`` (``1.66×`` when there is no interval)."""
+    """``1.66× [0.75–3.65]`` (``1.66×`` when there is no interval: no bounds, NaN bounds, or a
+    zero-width one such as a single sample's, which would read as certainty)."""
     core = f"{fmt(value, digits)}{unit}"
-    if lo is None or hi is None or _nan(float(lo)) or _nan(float(hi)):
+    if lo is None or hi is None or _nan(float(lo)) or _nan(float(hi)) or float(lo) == float(hi):
         return core
     return f"{core} [{fmt(lo, digits)}–{fmt(hi, digits)}]"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -168,6 +169,38 @@ def paired_ratio(results: pd.DataFrame, value: str = "tok_s", baseline: str = "b
     return ratio_ci(paired, ["arm", *by], "ratio", conf)
 
 
+# the result-config keys that are a ``bench`` flag, in the CLI's spelling
+_RERUN_FLAGS = {"levels": "--levels", "max_new_tokens": "--max-new-tokens", "prompts": "--prompts",
+                "repeats": "--repeats"}
+
+
+def runnable_command(command: str) -> bool:
+    """Whether a recorded command can be pasted and run: ``python -m workbench ...`` that splits
+    as a shell line, with at most one trailing parenthesised note (``(one repeat)``) and no
+    note spliced into its arguments (a ``(from DIR)`` written into an ``--out`` path)."""
+    import shlex
+
+    body = re.sub(r"\s+\([^()]*\)\s*$", "", command.strip())
+    if "(" in body or ")" in body or not body.startswith("python -m workbench "):
+        return False
+    try:
+        shlex.split(body)
+    except ValueError:
+        return False
+    return True
+
+
+def rerun_command(bench: str, config: dict[str, Any]) -> str:
+    """The ``bench`` command that reruns a result, from the config it saved."""
+    parts = [f"python -m workbench bench {bench}"]
+    for key, flag in _RERUN_FLAGS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        parts.append(f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(parts)
+
+
 def saved_run_line(folder: str | Path, bench: str, doc: dict[str, Any]) -> str:
     """Who made a saved result and on what: the exact command (from the per-machine file
     ``<kind>.json`` of :mod:`workbench.bench.results`, matched by time), the models it ran
@@ -183,13 +216,18 @@ def saved_run_line(folder: str | Path, bench: str, doc: dict[str, Any]) -> str:
             command = entry.get("command")
             break
     models = "the shipped pair (data/models/wb-target + wb-eagle3, the command's defaults)"
+    recorded = None
+    if command and not runnable_command(command):
+        recorded, command = command, rerun_command(bench, doc.get("config") or {})
     if command:
         args = shlex.split(command.split(" (from ")[0])
         if "--model" in args or "--url" in args:
             flag = "--model" if "--model" in args else "--url"
             i = args.index(flag)
             models = f"{flag} {args[i + 1]}" if i + 1 < len(args) else models
+    note = (f" (the recorded command `{recorded}` cannot run: this one is rebuilt from the "
+            "result's config)" if recorded else "" if command else " (command not recorded)")
     return (f"saved by `{command or f'python -m workbench bench {bench}'}`"
-            f"{'' if command else ' (command not recorded)'} · models: {models} · "
+            f"{note} · models: {models} · "
             f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores · {m.get('time', 'time ?')}"
             + (f" · commit {m['commit']}" if m.get("commit") else ""))

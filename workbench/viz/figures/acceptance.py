@@ -107,7 +107,8 @@ def tau_histogram(verify_df: pd.DataFrame, by: str | None = None, width: int = W
     """Distribution of τ (tokens per verify step, bonus included) from ``frame("verify")``.
 
     One bar trace per group of ``by`` (or a single trace ``τ``); y is the share of verify
-    steps; the title gives the mean τ of each group. Bars are at integers 1..max τ.
+    steps; the title gives each group's τ as the mean over its verify steps (a long request
+    weighs more than in a mean over requests). Bars are at integers 1..max τ.
     """
     require(verify_df, ("accept_length",), "tau_histogram")
     groups = [("τ", verify_df)] if by is None else [
@@ -130,8 +131,8 @@ def tau_histogram(verify_df: pd.DataFrame, by: str | None = None, width: int = W
     fig.update_xaxes(title="τ = tokens emitted per verify step (bonus included)", dtick=1,
                      range=[0.4, top + 0.6])
     fig.update_yaxes(title="share of verify steps", tickformat=".0%")
-    return dress(fig, "Accept length per verify step — mean τ: " + ", ".join(means), width,
-                 height, barmode="group")
+    return dress(fig, "Accept length per verify step — τ, mean over verify steps: "
+                 + ", ".join(means), width, height, barmode="group")
 
 
 def accept_rate_by_position(verify_df: pd.DataFrame, by: str | None = None) -> pd.DataFrame:

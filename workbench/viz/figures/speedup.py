@@ -156,13 +156,16 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
     flags = summary["flags"].fillna("").astype(str).tolist() if "flags" in summary else \
         [""] * len(summary)
     ns = summary["n"].tolist() if "n" in summary else [None] * len(summary)
+    # a flag every row carries (a loaded machine, provisional engine choices) is said once in
+    # the subtitle, not repeated over every bar where the labels would run into each other
+    run_wide = flags[0] if len(flags) > 1 and flags[0] and len(set(flags)) == 1 else ""
     text = []
     for a, v, lo, hi, f, n in zip(summary["arm"], summary["speedup"], los, his, flags, ns,
                                   strict=True):
         t = "1×" if a == "baseline" else f"{v:.2f}×" + (
             f"<br>[{lo:.2f}–{hi:.2f}]" if lo is not None and lo == lo else "") + (
             f"<br>n = {n}" if n is not None else "")
-        text.append(t + (f"<br>{FLAG_MARK} {f}" if f else ""))
+        text.append(t + (f"<br>{FLAG_MARK} {f}" if f and not run_wide else ""))
     err = None
     if has_ci:
         err = dict(type="data", symmetric=False,
@@ -170,28 +173,37 @@ def speedup_bars(summary: pd.DataFrame, width: int = WIDTH, height: int = HEIGHT
                    arrayminus=(summary["speedup"] - summary["speedup_lo"]).fillna(0).tolist(),
                    color="#333333")
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["speedup"], name="speedup",
-                         marker_color=colors, text=text, textposition="outside",
-                         cliponaxis=False, constraintext="none", error_y=err,
+                         marker_color=colors, text=text, textposition="none",
+                         cliponaxis=False, error_y=err,
                          showlegend=False,
                          marker_line=dict(color=["#8a4b00" if f else "rgba(0,0,0,0)"
                                                  for f in flags], width=2),
                          hovertemplate="%{x}: %{y:.3f}×<extra></extra>"), row=1, col=1)
-    fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"), row=1, col=1,
-                  annotation_text="1.0× = baseline", annotation_position="top right")
+    # each label sits above its bar's error bar (text placed "outside" would sit on the bar's
+    # end, under the whisker); the 1× line is named in the axis title, not over the bars
+    for a, v, hi, t in zip(summary["arm"], summary["speedup"], his, text, strict=True):
+        y = max(float(v), float(hi)) if hi is not None and hi == hi else float(v)
+        fig.add_annotation(x=a, y=y, text=t, showarrow=False, yanchor="bottom", yshift=2,
+                           font=dict(size=11), row=1, col=1)
+    fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"), row=1, col=1)
     fig.add_trace(go.Bar(x=summary["arm"], y=summary["tau"], name="τ", marker_color=TARGET,
                          text=[f"{v:.2f}" for v in summary["tau"]], textposition="outside",
                          showlegend=False, hovertemplate="%{x}: τ %{y:.2f}<extra></extra>"),
                   row=1, col=2)
     top = float((summary["speedup_hi"].fillna(summary["speedup"]) if has_ci
                  else summary["speedup"]).max())
-    fig.update_yaxes(title="× baseline tok/s", range=[0, max(1.2, top * 1.35)], row=1, col=1)
+    lines = max(t.count("<br>") + 1 for t in text) if text else 1
+    fig.update_yaxes(title="× baseline tok/s (dashed: 1× = baseline)",
+                     range=[0, max(1.2, top * (1.15 + 0.1 * lines))], row=1, col=1)
     fig.update_yaxes(title="τ", range=[0, float(summary["tau"].max()) * 1.2 + 0.1], row=1,
                      col=2)
     fig.update_xaxes(title="arm")
     title = "EAGLE-3 vs baseline: speedup and accept length"
     legend = ("green/red: the whole 95 % interval above/below 1×; grey: straddles 1×"
               if has_ci else "no intervals: bars grey (a point alone claims no side)")
-    if any(flags):
+    if run_wide:
+        legend += f" · {FLAG_MARK} every row: {run_wide}"
+    elif any(flags):
         legend += f" · {FLAG_MARK} sanity flag ({sum(bool(f) for f in flags)} rows)"
     return dress(fig, f"{title}<br><sup>{legend}</sup>", width, height + 40,
                  showlegend=False, margin=dict(l=60, r=30, t=90, b=50))
