@@ -47,7 +47,7 @@ def prose_files() -> list[Path]:
                          capture_output=True, text=True).stdout.split()
     found = {ROOT / p for p in out}
     # files not yet tracked under the prose folders count too
-    for pattern in ("*.md", "docs/*.md", "notebooks/*.ipynb", "notebooks/*.md",
+    for pattern in ("*.md", "docs/*.md", "docs/*/*.md", "notebooks/*.ipynb", "notebooks/*.md",
                     "data/models/*/README.md"):
         found |= set(ROOT.glob(pattern))
     return sorted(p for p in found if p.is_file() and ".venv" not in p.parts)
