@@ -38,6 +38,8 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from gpu_device import software  # noqa: E402
 
 H200_HBM_TB_S = 4.8
 SECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -586,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "smoke": args.smoke,
         "machine": machine_info(device),
+        "software": software(device),
         "tests": [read_junit(spec) for spec in args.junit],
         "errors": [],
     }
