@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.lab.box import fit_box
+from workbench.lab.boxreplay import fit_box
 from workbench.lab.replay import replay
 from workbench.remote.records import read_request_metrics
 

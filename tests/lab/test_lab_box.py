@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from workbench.errors import ConfigError
-from workbench.lab.box import BoxRun, check_tiers, compile_tiers, fit_box, geometric_rate
+from workbench.lab.boxreplay import BoxRun, check_tiers, compile_tiers, fit_box, geometric_rate
 from workbench.lab.replay import load_run, replay
 from workbench.policy.goodput import tau_of
 from workbench.policy.policies import depth_rates

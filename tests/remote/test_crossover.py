@@ -12,7 +12,7 @@ from serve.serving import TEXT_PROMPTS
 
 import workbench as wb
 from workbench.bench.threshold import sweep_threshold
-from workbench.remote.box import split_urls, threshold_rule
+from workbench.remote.crossover import split_urls, threshold_rule
 from workbench.remote.launch import plan_from_threshold
 
 

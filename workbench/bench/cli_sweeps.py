@@ -5,7 +5,7 @@
   arm's n is the crossover the cost model predicts on this machine (``--threshold auto``, the
   default) or forced (``--threshold N``), printed and saved with its reason;
 * threshold: baseline vs eagle3 → the measured crossover and a suggested BatchThreshold(n)
-  (``--url BASELINE_URL,EAGLE3_URL``: on the box, ``workbench.remote.box``);
+  (``--url BASELINE_URL,EAGLE3_URL``: on the box, ``workbench.remote.crossover``);
 * k0: the K=0 tax of the default SpecConfig (BatchThreshold(0) vs baseline, interleaved).
 """
 

@@ -1,7 +1,7 @@
 """``bench threshold --url BASELINE_URL,EAGLE3_URL``: the box's crossover, swept over HTTP.
 
 Both servers are swept level by level (closed loop, the same prompts, the two arms back to back,
-``workbench.bench.http``); :func:`workbench.remote.box.threshold_rule` names the crossover and
+``workbench.bench.http``); :func:`workbench.remote.crossover.threshold_rule` names the crossover and
 the suggested threshold, and ``OUT/threshold.json`` is what
 :func:`workbench.remote.launch.plan_from_threshold` turns into the adaptive launch.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.http import run_http_bench
-from workbench.remote.box import split_urls, threshold_rule
+from workbench.remote.crossover import split_urls, threshold_rule
 
 
 def sweep_threshold(url: str, prompts: Sequence[str], levels: Sequence[int],

@@ -43,7 +43,7 @@ SGLANG_TIERS = {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}  # 0.5.23 de
 def chain_tau(tau: float, steps: int, depth: int) -> float:
     """τ of an ``steps``-step chain when the measured one has ``depth`` steps at ``tau`` (one
     rate a for every depth: τ = 1 + a + ... + a^depth)."""
-    from workbench.lab.box import geometric_rate
+    from workbench.lab.boxreplay import geometric_rate
 
     a = geometric_rate(tau, depth)
     return 1.0 + sum(a ** d for d in range(1, steps + 1))
@@ -89,7 +89,7 @@ def sweep_numbers(threshold: Any, records: Any = None) -> tuple[list[dict[str, A
     the records show (mean prompt and output tokens)."""
     import numpy as np
 
-    from workbench.lab.box import _bench_rows
+    from workbench.lab.boxreplay import _bench_rows
 
     obs, taus = [], []
     for r in _bench_rows(threshold):

@@ -232,7 +232,7 @@ def cmd_replay(ns: argparse.Namespace) -> int:
 
 def tiers_out(df: Any, results: dict[Any, Any], path: str, name: str | None) -> None:
     """Compile a replayed policy's decisions to a tier file at ``path``, check it with SGLang."""
-    from workbench.lab.box import check_tiers, compile_tiers, initial_steps
+    from workbench.lab.boxreplay import check_tiers, compile_tiers, initial_steps
     from workbench.lab.replay import winner
 
     pick = name or winner(df)
@@ -254,7 +254,7 @@ def tiers_out(df: Any, results: dict[Any, Any], path: str, name: str | None) -> 
 
 
 def cmd_fit_box(ns: argparse.Namespace) -> int:
-    from workbench.lab.box import fit_box
+    from workbench.lab.boxreplay import fit_box
     from workbench.remote.records import iter_records, read_request_metrics
 
     shape = shape_arg(ns.shape, "--shape")

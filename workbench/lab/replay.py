@@ -48,7 +48,7 @@ def load_run(path: str) -> Run:
     """A recorded run (``run.json``) or a fitted box run (``box.json``) at ``path``."""
     from pathlib import Path
 
-    from workbench.lab.box import BoxRun
+    from workbench.lab.boxreplay import BoxRun
 
     if (Path(path) / "box.json").is_file():
         return BoxRun.load(path)

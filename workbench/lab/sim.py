@@ -112,7 +112,7 @@ class LevelResult:
 
 class Simulator:
     """See the module doc. ``run``: a :class:`~workbench.lab.record.RecordedRun` (exact
-    acceptance) or a :class:`~workbench.lab.box.BoxRun` (modelled): ``prompt_lens``,
+    acceptance) or a :class:`~workbench.lab.boxreplay.BoxRun` (modelled): ``prompt_lens``,
     ``output_lens``, ``row_offsets()`` and ``accept_table(shape)``. ``cost`` prices steps (a
     copy: policies keep their own); ``spec_shape`` is the SpecConfig's (S, K, N) the context
     reports."""

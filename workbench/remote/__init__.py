@@ -2,4 +2,4 @@
 (:mod:`~workbench.remote.launch`, policies → adaptive tiers in
 :mod:`~workbench.remote.adaptive`), the client (:mod:`~workbench.remote.sglang`, same trace
 schema), its per-request records (:mod:`~workbench.remote.records`) and the box's threshold
-sweep (:mod:`~workbench.remote.box`)."""
+sweep (:mod:`~workbench.remote.crossover`)."""
