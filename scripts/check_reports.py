@@ -11,8 +11,10 @@ errors and failed requests (the pages must need no network), any "could not load
 exporter's fallback put in place of a widget or figure, and save a full-page screenshot to
 ``reports/screenshots/<page>.png``. Also checks that ``index.html`` links every page, and that
 every computed claim on a page (``workbench.viz.prose``: a ``wb-claim`` span) says what its
-own interval gives (``check_claims``). Exit status 1 if any page falls short, logged an error
-or carries a claim its interval denies.
+own interval gives (``check_claims``), and that a page shows every claim the exporter counted
+in it (``manifest.json``'s ``claims``) — pages 08 and 09 (``CLAIM_PAGES``) at least one each,
+since their conclusions are checked claims. Exit status 1 if any page falls short, logged an
+error or carries a claim its interval denies.
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ WIDGET_CDNS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com")
 # benign when every expected figure rendered, as an error otherwise.
 BENIGN = ("[anywidget] Failed to initialize model.",)
 
+# pages whose conclusions are computed claims (the replay against the real run, the dense vs MoE
+# verify cost): each must render at least one, whatever the manifest says
+CLAIM_PAGES = ("08_policy_lab", "09_moe_speculation")
+
+
+def claims_expected(entry: dict[str, Any]) -> int:
+    """How many computed claims a page must render: the exporter's count, at least 1 on a
+    page of ``CLAIM_PAGES``."""
+    counted = int((entry.get("claims") or {}).get("claims", 0))
+    return max(counted, 1) if Path(entry["html"]).stem in CLAIM_PAGES else counted
+
 
 @dataclass
 class PageCheck:
@@ -63,6 +76,7 @@ class PageCheck:
     expected_failures: list[str] = field(default_factory=list)
     benign: list[str] = field(default_factory=list)
     claims: int = 0
+    claims_expected: int = 0
     claim_problems: list[str] = field(default_factory=list)
     screenshot: str = ""
     seconds: float = 0.0
@@ -72,7 +86,7 @@ class PageCheck:
         return (self.plotly_rendered >= self.plotly_expected and
                 self.widgets_rendered >= self.widgets_expected and
                 not self.console_errors and not self.failed_requests and
-                not self.claim_problems)
+                self.claims >= self.claims_expected and not self.claim_problems)
 
 
 def load_manifest(reports: Path) -> list[dict[str, Any]]:
@@ -90,16 +104,20 @@ def load_manifest(reports: Path) -> list[dict[str, Any]]:
 
 
 def check_page(browser: Any, html: Path, expected_plots: int, expected_widgets: int,
-               shots: Path, timeout_ms: int, widgets_offline: bool) -> PageCheck:
+               shots: Path, timeout_ms: int, widgets_offline: bool,
+               expected_claims: int = 0) -> PageCheck:
     """Open one page, wait for it to render, count, screenshot."""
     res = PageCheck(html.name, expected_plots, widgets_expected=expected_widgets
-                    if widgets_offline else 0)
+                    if widgets_offline else 0, claims_expected=expected_claims)
     sys.path.insert(0, str(REPO))
     from workbench.viz.prose import check_claims, parse_claims
 
     source = html.read_text(encoding="utf-8", errors="replace")
     res.claims = len(parse_claims(source))
     res.claim_problems = check_claims(source)
+    if res.claims < res.claims_expected:
+        res.claim_problems.append(f"{res.claims} computed claim(s) on the page, "
+                                  f"{res.claims_expected} expected")
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.on("console", lambda m: res.console_errors.append(m.text[:300])
             if m.type == "error" else None)
@@ -182,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                                           int(entry.get("plotly_figures", 0)),
                                           int(entry.get("widget_views", 0)),
                                           ns.reports / "screenshots", int(ns.timeout * 1e3),
-                                          offline))
+                                          offline, claims_expected(entry)))
         finally:
             browser.close()
     print(f"{'page':45s} {'plotly':>9s} {'widgets':>9s} {'errors':>6s} {'failed':>6s} "
@@ -190,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         print(f"{r.page:45s} {r.plotly_rendered:>4d}/{r.plotly_expected:<4d} "
               f"{r.widgets_rendered:>4d}/{r.widgets_expected:<4d} {len(r.console_errors):>6d} "
-              f"{len(r.failed_requests):>6d} {r.claims:>6d}  {r.screenshot}  "
+              f"{len(r.failed_requests):>6d} {r.claims:>3d}/{r.claims_expected:<2d} "
+              f"{r.screenshot}  "
               f"{'ok' if r.ok else 'FAIL'}")
         for e in r.console_errors + r.failed_requests + r.claim_problems:
             print(f"    {e}")
