@@ -12,23 +12,28 @@ the device); a part that would not fit in what is left is skipped with the reaso
 2. ``spec`` (per dtype that built): ``python -m workbench bench spec`` — bs=1 tok/s plain vs
    EAGLE-3 chain S5 / S5K4N16 / S6K8N32 interleaved per prompt, repeats → intervals, lossless
    column, and the decode-step breakdown (draft, verify, host: step_cost).
-3. ``peers`` (first dtype that built): ``bench peers`` — transformers ``generate`` and
-   ``generate(prompt_lookup_num_tokens=10)`` vs the engine's plain and EAGLE-3, per prompt.
-4. ``sweep`` (first dtype that built): ``bench concurrency`` c=1..64 with
+3. ``sweep`` (first dtype that built): ``bench concurrency`` c=1..64 with
    never/always/threshold:auto/goodput (+ the baseline arm).
+4. ``peers`` (first dtype that built): ``bench peers`` — transformers ``generate`` (eager and
+   with a static cache + ``torch.compile``) and ``generate(prompt_lookup_num_tokens=10)`` vs the
+   engine's plain and EAGLE-3, per prompt. The second dtype's ``spec`` runs after it: the
+   order is the priority when the budget runs short.
 
-Every file lands in ``<root>/gpu/<device>/real_pair/`` (root: ``$OUT`` when set, else
-data/results; device: ``scripts/gpu_device.py``'s slug, ``cpu-smoke`` for ``--smoke``);
+Every file lands in ``data/results/gpu/<device>/real_pair/`` (device: ``scripts/gpu_device.py``'s
+slug, ``cpu-smoke`` for ``--smoke``), and with ``$OUT`` set (the device machine, which returns
+only 8 files at most 2 folders down) also as one archive ``$OUT/gpu_real_pair_<device>.tgz``;
 ``gpu_real_pair.json`` carries the device and software versions, the commands and each part's
 result or skip reason, and is rewritten after every part (a run killed by its timeout keeps what
 it had). ``--smoke``: device cpu, float32 only, 2 prompts, 4 tokens, c=1,2, budget 240 s, for
 checking the script on a CPU (it measures nothing).
 
 What the device machine must be given (its image has torch, Triton and transformers, not gguf or
-FlashInfer; ``scripts/gpu_payload.sh`` builds the folder): the ``gguf`` wheel (pure Python; the
-GGUF target does not load without it), the GGUF file and tokenizer from
-``~/.cache/workbench/smollm2-135m-instruct`` (the pointer folder names that cache; set
-``WORKBENCH_CACHE``... see gpu_payload.sh), and the head ``data/models/smollm2-eagle3`` (tracked).
+FlashInfer): the ``gguf`` wheel (pure Python; the GGUF target does not load without it) and the
+GGUF file with its tokenizer, which the pointer ``data/models/smollm2-135m-instruct/gguf.json``
+looks for in ``~/.cache/workbench/smollm2-135m-instruct``. ``scripts/gpu_payload.sh pack`` puts
+them in the ignored folder ``.gpu_payload/`` (the GGUF in 32 MiB pieces: a call carries 64 MiB)
+and ``scripts/gpu_payload.sh unpack`` installs them there; the head
+``data/models/smollm2-eagle3`` is tracked and travels with the tree.
 """
 
 from __future__ import annotations
@@ -211,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     budget = Budget(ns.budget_s)
     slug = device_slug(cfg["device"]) + ("-smoke" if ns.smoke else "")
-    root = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "data" / "results"
-    out = ns.out or root / "gpu" / slug / "real_pair"
+    out = ns.out or REPO / "data" / "results" / "gpu" / slug / "real_pair"
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"software": software(cfg["device"]), "smoke": ns.smoke,
                                "settings": {k: v for k, v in cfg.items() if k != "need"},
@@ -256,19 +260,21 @@ def main(argv: list[str] | None = None) -> int:
                            f"spec/peers/sweep ran on {built[0]} with self_check=false: their "
                            f"lossless columns say whether the outputs matched")
     common = ["--model", ns.model, "--draft", ns.draft]
-    jobs: list[tuple[str, str, list[str]]] = []
-    for dtype in built if "spec" in ns.parts else []:
-        jobs.append((f"spec {dtype}", "spec", ["spec", *common, "--prompts-file", str(bs1),
-                     "--max-new-tokens", str(cfg["new"]), "--repeats", str(cfg["repeats"])]))
-    if built and "peers" in ns.parts:
-        jobs.append((f"peers {built[0]}", "peers", [
-            "peers", *common, "--prompts-file", str(bs1), "--max-new-tokens", str(cfg["new"]),
-            "--repeats", str(cfg["repeats"]), *(["--quick"] if ns.smoke else [])]))
+    jobs: list[tuple[str, str, list[str]]] = []  # order = priority: the budget cuts the last
+    spec_jobs = [(f"spec {dtype}", "spec", [
+        "spec", *common, "--prompts-file", str(bs1), "--max-new-tokens", str(cfg["new"]),
+        "--repeats", str(cfg["repeats"])]) for dtype in (built if "spec" in ns.parts else [])]
+    jobs += spec_jobs[:1]
     if built and "sweep" in ns.parts:
         jobs.append((f"sweep {built[0]}", "sweep", [
             "concurrency", *common, "--prompts-file", str(sweep), "--max-new-tokens",
             str(cfg["sweep_new"]), "--levels", cfg["levels"], "--sequential",
             "--policy", "always,threshold:auto,goodput"]))
+    if built and "peers" in ns.parts:
+        jobs.append((f"peers {built[0]}", "peers", [
+            "peers", *common, "--prompts-file", str(bs1), "--max-new-tokens", str(cfg["new"]),
+            "--repeats", str(cfg["repeats"]), *(["--quick"] if ns.smoke else [])]))
+    jobs += spec_jobs[1:]
     for key, part, args in jobs:
         dtype = key.split()[-1]
         sub = out / dtype
@@ -281,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
                            budget, reserve=5.0, log=out / f"{key.replace(' ', '_')}.log")
         save()
     save()
+    if os.environ.get("OUT"):  # the device machine returns only $OUT's top 2 levels, 8 files
+        archive = Path(os.environ["OUT"]) / f"gpu_real_pair_{slug}.tgz"
+        subprocess.run(["tar", "czf", str(archive), "-C", str(out.parent), out.name],
+                       check=True)
+        print(f"gpu_real_pair: archived to {archive}")
     bad = {k: v for k, v in parts.items() if v.get("error") or v.get("exit") not in (0, None)
            or v.get("lossless") is False}
     print(json.dumps({k: {f: v.get(f) for f in ("built", "refusal", "lossless", "exit",
