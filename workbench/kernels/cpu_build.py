@@ -21,7 +21,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fPIC", "-shared",
-         "-std=c11", "-Wall", "-Werror")
+         "-std=gnu11", "-Wall", "-Werror")
 _LOADED: dict[str, ctypes.CDLL] = {}
 
 

@@ -25,6 +25,7 @@ _I = ctypes.c_int64
 # count (ctypes releases the GIL while C runs); smaller ones run on the calling thread, since
 # handing work to another thread costs about what a decode row's attention does.
 SPLIT_WORK = 200_000
+MAX_HD, MAX_HEADS = 512, 64  # csrc/row_attention.c's buffers: head dim, (row, head) per block
 _POOL: ThreadPoolExecutor | None = None  # one per process, made on the first split call
 
 
@@ -32,8 +33,8 @@ def _fn(dtype: torch.dtype) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
     lib = cpu_build.load("row_attention")
     f = lib.row_attention_bf16 if dtype == torch.bfloat16 else lib.row_attention_f32
     if f.argtypes is None:
-        f.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_float,
-                      _P, _P, _I, _I]
+        f.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float,
+                      _P, _P, _I, _I, _I]
         f.restype = None
     return f
 
@@ -50,7 +51,7 @@ class RowPlan:
     per row t: ``pre_off[t]``, ``pre_len[t]`` (its prefix), and ``ext[ext_off[t]:ext_off[t+1]]``
     (its own slots). All int64 on the host; ``max_keys``: the longest row's key count."""
 
-    __slots__ = ("ext", "ext_off", "max_keys", "pre_len", "pre_off", "slots")
+    __slots__ = ("cache", "ext", "ext_off", "max_keys", "pre_len", "pre_off", "slots")
 
     def __init__(self, slots: torch.Tensor, pre_off: torch.Tensor, pre_len: torch.Tensor,
                  ext: torch.Tensor, ext_off: torch.Tensor) -> None:
@@ -58,6 +59,9 @@ class RowPlan:
         self.ext, self.ext_off = ext, ext_off
         own = ext_off[1:] - ext_off[:-1]
         self.max_keys = int((pre_len + own).max()) if pre_len.numel() else 0
+        # per (heads per KV head, KV heads, threads): the row blocks, the call's split and
+        # its scratch — made by the first layer's call, reused by the others
+        self.cache: dict[tuple[int, int, int], tuple[torch.Tensor, int, int, torch.Tensor]] = {}
 
 
 def plan_rows(q_lens: list[int], kv_slots: list[torch.Tensor],
@@ -113,29 +117,54 @@ def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
             v_pool.data_ptr() < 0 or h % hkv or k_pool.shape[1] != hkv:
         raise ValueError(f"row_attention: v_pool layout {tuple(v_pool.stride())} or heads "
                          f"{h}/{hkv} not supported")
+    group = h // hkv
+    if hd > MAX_HD or hdv > MAX_HD or group > MAX_HEADS:
+        raise ValueError(f"row_attention: head dim {hd}/{hdv} (at most {MAX_HD}) or "
+                         f"{group} query heads per KV head (at most {MAX_HEADS})")
     if plan.pre_len.numel() != t:
         raise ValueError(f"row_attention: plan has {plan.pre_len.numel()} rows, q has {t}")
     qf = q.to(torch.float32).contiguous()
     out = torch.empty(t, h, hdv, dtype=torch.float32)
     keys = max(plan.max_keys, 1)
-    items = t * h
-    parts = max(1, min(torch.get_num_threads(), items,
-                       (items * plan.max_keys) // SPLIT_WORK + 1))
-    scratch = torch.empty(parts, keys, dtype=torch.float32)
+    key = (group, hkv, torch.get_num_threads())
+    if key not in plan.cache:
+        blocks = _blocks(plan.pre_off, MAX_HEADS // group)
+        nb = blocks.numel() - 1
+        items = nb * hkv  # (block of one request's rows, KV head)
+        parts = max(1, min(key[2], items, (t * h * plan.max_keys) // SPLIT_WORK + 1))
+        rows = int((blocks[1:] - blocks[:-1]).max()) if nb else 1
+        pairs = -(-rows * group // 16) * 16  # (row, head) pairs of a block, padded to 16 lanes
+        plan.cache[key] = (blocks, items, parts,
+                           torch.empty(parts, pairs * keys, dtype=torch.float32))
+    blocks, items, parts, scratch = plan.cache[key]
     f = _fn(k_pool.dtype)
     args = (qf.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), plan.slots.data_ptr(),
             plan.pre_off.data_ptr(), plan.pre_len.data_ptr(), plan.ext.data_ptr(),
-            plan.ext_off.data_ptr(), t, h, hkv, hd, hdv, v_pool.stride(1),
+            plan.ext_off.data_ptr(), blocks.data_ptr(), h, hkv, hd, hdv, v_pool.stride(1),
             scale if scale is not None else 1.0 / math.sqrt(hd), out.data_ptr())
     if parts == 1:
-        f(*args, scratch.data_ptr(), 0, items)
+        f(*args, scratch.data_ptr(), keys, 0, items)
         return out
     cuts = [items * i // parts for i in range(parts + 1)]
-    done = [_split_pool(parts).submit(f, *args, scratch[i].data_ptr(), cuts[i], cuts[i + 1])
-            for i in range(parts)]
+    done = [_split_pool(parts).submit(f, *args, scratch[i].data_ptr(), keys, cuts[i],
+                                      cuts[i + 1]) for i in range(parts)]
     for d in done:
         d.result()  # re-raises a worker's error here
     return out
+
+
+def _blocks(pre_off: torch.Tensor, cap: int) -> torch.Tensor:
+    """Row blocks (starts, then the end): runs of consecutive rows with the same prefix (one
+    request's), at most ``cap`` rows each. The kernel loads a block's shared keys once."""
+    starts: list[int] = []
+    prev, run = None, 0
+    for i, off in enumerate(pre_off.tolist()):
+        if off != prev or run == cap:
+            starts.append(i)
+            prev, run = off, 0
+        run += 1
+    starts.append(int(pre_off.numel()))
+    return torch.tensor(starts, dtype=torch.int64)
 
 
 def row_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
