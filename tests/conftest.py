@@ -1,5 +1,6 @@
-"""Session fixtures: a tiny corpus, a tiny trained target and a random EAGLE-3 head for it,
-built once per test run."""
+"""Session fixtures: a tiny corpus, a tiny trained target and each kind of EAGLE-3 head for it
+(``random_head``: random weights; ``trained_head``: trained for seconds), built once per test
+run. Folders use them by these names; none writes its own."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 
-from helpers import write_tiny_corpus, write_trained_target  # noqa: E402
+from helpers import (  # noqa: E402
+    MICRO_DRAFT_TRAINING,
+    write_tiny_corpus,
+    write_trained_target,
+)
 from leaks import no_socket_outlives_the_run, pytest_runtest_setup  # noqa: E402, F401
 
 
@@ -42,6 +47,20 @@ def random_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
     from workbench.models.synthetic import write_random_head
 
     return write_random_head(micro_target, tmp_path_factory.mktemp("random_head"))
+
+
+@pytest.fixture(scope="session")
+def trained_head(micro_target: Path, tiny_corpus: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A micro head for ``micro_target`` trained for a few seconds on regenerated data
+    (acceptance well above zero)."""
+    from workbench.train.eagle3 import DraftTrainConfig, train_draft
+
+    root = tmp_path_factory.mktemp("trained_head")
+    train_draft(DraftTrainConfig(target=str(micro_target), out=str(root / "head"),
+                                 work=str(root / "work"), corpus=str(tiny_corpus),
+                                 **MICRO_DRAFT_TRAINING))
+    return root / "head"
 
 
 @pytest.fixture(autouse=True)

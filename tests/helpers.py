@@ -3,12 +3,17 @@
 * ``write_tiny_corpus``: a corpus folder of a few small standard-library files;
 * ``write_tokenizer``: a byte-level BPE tokenizer (the shipped target's recipe) for that corpus;
 * ``write_random_llama``: a random HF Llama folder written by transformers itself;
-* ``write_trained_target``: a tiny target trained by ``workbench.train.target``.
+* ``write_trained_target``: a tiny target trained by ``workbench.train.target``;
+* ``make_engine``: the one engine factory (target, optional head, an ``EngineConfig`` plus
+  field overrides);
+* ``id_prompts``: the one random token-id prompt generator.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import shutil
 import sysconfig
 from collections.abc import Iterator
@@ -86,19 +91,41 @@ def busy_provisional() -> list[str]:
     return (["threads"] if threads > 1 else []) + ["gemm"]
 
 
+def make_engine(target: Path, draft: Path | None = None, config: Any = None,
+                **overrides: Any) -> Any:
+    """The tests' one engine factory: ``target`` (with the EAGLE-3 head ``draft``), ``config``
+    (an ``EngineConfig``, default one when None) with ``overrides`` replaced field by field.
+    The caller closes it (``with make_engine(...) as e`` or a fixture's ``finally``)."""
+    import workbench as wb
+
+    cfg = dataclasses.replace(config if config is not None else wb.EngineConfig(), **overrides)
+    return wb.Engine.from_pretrained(target, draft=draft, config=cfg)
+
+
+def id_prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40,
+               vocab: int = 299) -> list[list[int]]:
+    """``n`` random prompts of token ids in [1, vocab), each of a random length in [lo, hi);
+    the same ``seed`` gives the same prompts."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
 def small_engine(target: Path, head: Path) -> Iterator[Any]:
     """The micro target with a head, a small KV budget and 8-token prefill chunks (so steps mix
     prefill and decode): the engine the policy, calibration and concurrency tests share. A
     generator, for a fixture to ``yield from``; closed after."""
-    import workbench as wb
-
-    e = wb.Engine.from_pretrained(target, draft=head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192,
-                                                         max_prefill_tokens=8))
+    e = make_engine(target, head, kv_budget_tokens=8192, max_prefill_tokens=8)
     try:
         yield e
     finally:
         e.close()
+
+
+# Seconds on one core; regenerated (target-greedy) data makes acceptance clearly non-zero.
+MICRO_DRAFT_TRAINING: dict[str, Any] = dict(
+    draft_vocab_size=128, steps=80, batch=4, seq_len=48, lr=3e-3, warmup=5, ttt_steps=5,
+    regenerate=True, regen_sequences=16, regen_prompt_len=16, regen_batch=16, eval_batches=2,
+    ckpt_every=40, threads=1)
 
 
 def micro_draft_cfg(tmp: Path, target: Path, corpus: Path, **kw: Any) -> Any:

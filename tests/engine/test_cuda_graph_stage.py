@@ -32,13 +32,6 @@ SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [250, 3, 11], [8, 8, 9, 1, 2, 3, 4, 5, 6, 7, 60, 61]]
 
 
-@pytest.fixture(scope="module")
-def head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from speculative.conftest import write_random_head
-
-    return write_random_head(micro_target, tmp_path_factory.mktemp("graph_head"))
-
-
 def greedy(n: int) -> wb.SamplingParams:
     return wb.SamplingParams(max_new_tokens=n, ignore_eos=True)
 
@@ -65,11 +58,11 @@ def test_capture_failure_refuses_to_start_by_default(micro_target: Path) -> None
     assert isinstance(ei.value.cause, wb.faults.InjectedFault)
 
 
-def test_capture_failure_with_fallback_starts_eager(micro_target: Path, head: Path) -> None:
+def test_capture_failure_with_fallback_starts_eager(micro_target: Path, random_head: Path) -> None:
     rec = RecordingTracer()
     cfg = dataclasses.replace(CONFIG, cuda_graphs_fallback=True, self_check=True)
     with wb.faults.inject("init:cuda_graphs"):
-        e = wb.Engine(micro_target, head, cfg, tracer=rec)
+        e = wb.Engine(micro_target, random_head, cfg, tracer=rec)
     with e:
         statuses = {s: st for s, st, _ in e.init_log}
         assert statuses == {s: ("fallback" if s == "cuda_graphs" else "ok")
@@ -132,11 +125,11 @@ def test_runner_keys_and_buckets(micro_target: Path) -> None:
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
-def test_engine_with_eager_graph_runner_equals_plain_engine(micro_target: Path, head: Path,
+def test_engine_with_eager_graph_runner_equals_plain_engine(micro_target: Path, random_head: Path,
                                                             overlap: bool) -> None:
     """The static-buffer path inside the engine: padded decode buckets (3 requests → bucket 4)
     and verify buckets give the same greedy tokens as the eager engine, spec == plain."""
-    with wb.Engine(micro_target, head, CONFIG) as e:
+    with wb.Engine(micro_target, random_head, CONFIG) as e:
         want_plain = [o.token_ids for o in e.generate(PROMPTS, greedy(6))]
         want_spec = [o.token_ids for o in e.generate(PROMPTS, greedy(6), spec=SPEC)]
         assert want_spec == want_plain

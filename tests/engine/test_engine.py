@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import id_prompts, make_engine
 
 import workbench as wb
 from workbench.core import LogprobParams
@@ -14,14 +14,9 @@ from workbench.core import LogprobParams
 
 @pytest.fixture(scope="module")
 def engine(micro_target: Path) -> wb.Engine:
-    e = wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(kv_budget_tokens=4096))
+    e = make_engine(micro_target, kv_budget_tokens=4096)
     yield e
     e.close()
-
-
-def prompts(n: int, seed: int = 0, vocab: int = 299) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, vocab) for _ in range(rng.randrange(1, 40))] for _ in range(n)]
 
 
 def test_text_prompt_roundtrip(engine: wb.Engine) -> None:
@@ -31,7 +26,7 @@ def test_text_prompt_roundtrip(engine: wb.Engine) -> None:
 
 
 def test_continuous_batching_equals_running_alone(engine: wb.Engine) -> None:
-    ps = prompts(16)
+    ps = id_prompts(16)
     sps = [wb.SamplingParams(max_new_tokens=5 + i % 7, ignore_eos=True) for i in range(16)]
     alone = [engine.generate([p], s)[0].token_ids for p, s in zip(ps, sps, strict=True)]
     # Staggered arrivals: half now, the rest while the first half decodes; two aborts.
@@ -59,8 +54,8 @@ def test_chunked_prefill_and_preemption_never_crash(micro_target: Path) -> None:
     cfg = wb.EngineConfig(kv_budget_tokens=256, page_size=8, max_prefill_tokens=16,
                           self_check=False)
     small = wb.Engine.from_pretrained(micro_target, config=cfg)
-    big = wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(self_check=False))
-    ps = prompts(12, seed=3)
+    big = make_engine(micro_target, self_check=False)
+    ps = id_prompts(12, seed=3)
     sp = wb.SamplingParams(max_new_tokens=24, ignore_eos=True)
     got = small.generate(ps, sp)
     want = big.generate(ps, sp)
@@ -72,7 +67,7 @@ def test_chunked_prefill_and_preemption_never_crash(micro_target: Path) -> None:
 def test_max_new_tokens_zero_is_prefill_only(engine: wb.Engine) -> None:
     """Prefill only: no token, reason "length", the prompt's logprobs, KV freed; batched with
     requests that do generate, which are unaffected."""
-    ps = prompts(3, seed=7)
+    ps = id_prompts(3, seed=7)
     sp = wb.SamplingParams(max_new_tokens=6, ignore_eos=True)
     alone = [engine.generate([p], sp)[0].token_ids for p in ps]
     zero = wb.SamplingParams(max_new_tokens=0)

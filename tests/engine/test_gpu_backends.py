@@ -302,9 +302,8 @@ def test_engine_on_flashinfer_stub_spec_equals_plain(micro_target: Path,
                                                      tmp_path: Path) -> None:
     """The engine's target and draft backends on the FlashInfer glue (stubbed kernels):
     chunked prefill, decode, draft extend and tree verify give the torch engine's tokens."""
-    from speculative.conftest import write_random_head
-
     from workbench.attention.flashinfer_backend import FlashInferAttention
+    from workbench.models.synthetic import write_random_head
 
     head = write_random_head(micro_target, tmp_path / "head")
     base = wb.EngineConfig(kv_budget_tokens=1024, max_model_len=128, self_check=False,
@@ -444,7 +443,7 @@ def test_gpu_engine_flashinfer_greedy_spec_equals_plain(
     """The engine on CUDA (FlashInfer backend, decode graphs): greedy speculative decoding
     reproduces plain decoding (up to reduced-precision ties)."""
     pytest.importorskip("flashinfer")
-    from speculative.conftest import write_random_head
+    from workbench.models.synthetic import write_random_head
 
     head = write_random_head(hd128_target, tmp_path_factory.mktemp("hd128_head"))
     cfg = wb.EngineConfig(device="cuda", dtype="bfloat16", attention_backend="flashinfer",

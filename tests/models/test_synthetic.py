@@ -46,7 +46,7 @@ def test_random_pair_real_formats_and_cache(tmp_path: Path) -> None:
 
 
 def test_run_shapes_rows(tmp_path: Path, micro_target: Path) -> None:
-    from speculative.conftest import write_random_head  # tests/ is on sys.path
+    from workbench.models.synthetic import write_random_head
 
     head = write_random_head(micro_target, tmp_path / "head")
     prompts = [[5, 6, 7, 8], [9, 10, 11]]

@@ -1,4 +1,4 @@
-"""Fixtures: an EAGLE-3 random head for the micro target, and plain greedy references."""
+"""Fixtures: the root random EAGLE-3 head as ``head``, and plain greedy references."""
 
 from __future__ import annotations
 
@@ -6,21 +6,21 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import make_engine
 from reliability import kit
 
 import workbench as wb
 
 
 @pytest.fixture(scope="session")
-def head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from speculative.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
-
-    return write_random_head(micro_target, tmp_path_factory.mktemp("reliability_head"))
+def head(random_head: Path) -> Path:
+    """The root ``random_head`` (tests/conftest.py) under this folder's short name."""
+    return random_head
 
 
 @pytest.fixture(scope="session")
 def plain_engine(micro_target: Path) -> Iterator[wb.Engine]:
-    e = kit.engine(micro_target)
+    e = make_engine(micro_target, None, kit.CONFIG)
     yield e
     e.close()
 

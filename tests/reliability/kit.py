@@ -3,29 +3,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import random
 import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import workbench as wb
 
 SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 CONFIG = wb.EngineConfig(kv_budget_tokens=4096, max_model_len=256, self_check=False)
-
-
-def engine(target: Path, draft: Path | None = None, **config: object) -> wb.Engine:
-    """A micro engine (self-check off unless asked: these tests check outputs themselves)."""
-    return wb.Engine.from_pretrained(target, draft=draft,
-                                     config=dataclasses.replace(CONFIG, **config))
-
-
-def prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
 
 
 def greedy(max_new_tokens: int) -> wb.SamplingParams:

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from helpers import make_engine
 from reliability import kit
 
 import workbench as wb
@@ -40,19 +41,19 @@ class Ctx:
     @functools.cached_property
     def engine(self) -> wb.Engine:
         """A server-style engine: speculation set on the engine itself."""
-        e = kit.engine(self.target, self.head)
+        e = make_engine(self.target, self.head, kit.CONFIG)
         e.set_spec(kit.SPEC)
         return e
 
     @functools.cached_property
     def plain(self) -> wb.Engine:
-        return kit.engine(self.target)
+        return make_engine(self.target, None, kit.CONFIG)
 
     @functools.cached_property
     def server(self) -> Any:
         from workbench.serve.server import start_server
 
-        return start_server(kit.engine(self.target), port=0)
+        return start_server(make_engine(self.target, None, kit.CONFIG), port=0)
 
     def close(self) -> None:
         if "server" in self.__dict__:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import id_prompts, make_engine
 from reliability import kit
 
 import workbench as wb
@@ -57,7 +58,7 @@ def sampling(rng: random.Random) -> wb.SamplingParams:
 def run_soak(target: Path, head: Path, plain: wb.Engine, n: int, seed: int = 0) -> Figures:
     t0 = time.perf_counter()
     rng = random.Random(seed)
-    work = [(kit.prompts(1, seed=rng.randrange(1 << 30), lo=1, hi=48)[0], sampling(rng))
+    work = [(id_prompts(1, seed=rng.randrange(1 << 30), lo=1, hi=48)[0], sampling(rng))
             for _ in range(n)]
     # References first (the target's plain greedy decoding, batched: continuous batching equals
     # running alone, tests/engine), so each output is checked and dropped as it finishes and the
@@ -68,8 +69,8 @@ def run_soak(target: Path, head: Path, plain: wb.Engine, n: int, seed: int = 0) 
     for ref in refs:
         plain.release(ref.rid)
     del refs
-    e = kit.engine(target, head, kv_budget_tokens=192, page_size=8, max_prefill_tokens=64,
-                   max_batch_size=16)
+    e = make_engine(target, head, kit.CONFIG, kv_budget_tokens=192, page_size=8,
+                    max_prefill_tokens=64, max_batch_size=16)
     policy = wb.RandomFlip(p=0.5, seed=seed, shapes=SHAPES)
     fig = Figures(requests=n)
     aborted: set[int] = set()  # engine rids asked to abort, until they finish

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import id_prompts, make_engine
 from reliability import kit
 
 import workbench as wb
@@ -27,7 +28,7 @@ PHASES = ("schedule", "prefill", "draft", "verify", "accept", "commit", "extend"
 
 @pytest.fixture(scope="module")
 def spec_engine(micro_target: Path, head: Path) -> Iterator[wb.Engine]:
-    e = kit.engine(micro_target, head, max_batch_size=2)
+    e = make_engine(micro_target, head, kit.CONFIG, max_batch_size=2)
     yield e
     e.close()
 
@@ -46,7 +47,7 @@ def test_nan_logits_in_a_speculative_step_fail_that_request_only(spec_engine: wb
                                                                  reference: Reference) -> None:
     e = spec_engine
     e.set_spec(kit.SPEC)
-    ps = kit.prompts(2, seed=11, lo=4)
+    ps = id_prompts(2, seed=11, lo=4)
     a, b = (e.add_request(p, kit.greedy(10)) for p in ps)
     while e.requests[a].in_prefill or e.requests[b].in_prefill:
         e.step()
@@ -67,7 +68,7 @@ def test_fault_in_each_step_phase_fails_that_step_and_the_engine_keeps_serving(
         phase: str, spec_engine: wb.Engine, reference: Reference) -> None:
     e = spec_engine
     e.set_spec(None if phase == "sampler" else kit.SPEC)  # the sampler runs in plain steps
-    ps = kit.prompts(4, seed=PHASES.index(phase), lo=4)
+    ps = id_prompts(4, seed=PHASES.index(phase), lo=4)
     a, b, c = (e.add_request(p, kit.greedy(8)) for p in ps[:3])  # max_batch_size 2: c waits
     if phase != "prefill":
         e.step()  # prefill (+ warm draft extend)
@@ -91,7 +92,7 @@ def test_fault_in_each_step_phase_fails_that_step_and_the_engine_keeps_serving(
 def test_generate_after_a_step_fault_leaves_nothing_behind(spec_engine: wb.Engine,
                                                            reference: Reference) -> None:
     e = spec_engine
-    ps = kit.prompts(3, seed=5, lo=4)
+    ps = id_prompts(3, seed=5, lo=4)
     with wb.faults.inject("step:verify"), pytest.raises(wb.faults.InjectedFault):
         e.generate(ps, kit.greedy(6), spec=kit.SPEC)
     assert not e.has_unfinished() and kit.kv_used(e) == 0 and e.spec is None
@@ -102,7 +103,7 @@ def test_generate_after_a_step_fault_leaves_nothing_behind(spec_engine: wb.Engin
 def test_raising_hook_is_isolated_and_outputs_are_unchanged(spec_engine: wb.Engine,
                                                             reference: Reference) -> None:
     e = spec_engine
-    ps = kit.prompts(3, seed=7, lo=4)
+    ps = id_prompts(3, seed=7, lo=4)
 
     def boom(event: ev.Event) -> None:
         raise ValueError("hook bug")
@@ -118,7 +119,7 @@ def test_raising_hook_is_isolated_and_outputs_are_unchanged(spec_engine: wb.Engi
 
 def test_fatal_hook_is_a_step_fault(spec_engine: wb.Engine, reference: Reference) -> None:
     e = spec_engine
-    ps = kit.prompts(2, seed=8, lo=4)
+    ps = id_prompts(2, seed=8, lo=4)
 
     def boom(event: ev.Event) -> None:
         raise ValueError("fatal hook")
@@ -133,10 +134,11 @@ def test_fatal_hook_is_a_step_fault(spec_engine: wb.Engine, reference: Reference
 
 def test_kv_exhaustion_with_spec_preempts_never_crashes(micro_target: Path, head: Path,
                                                         reference: Reference) -> None:
-    e = kit.engine(micro_target, head, kv_budget_tokens=96, page_size=8, max_prefill_tokens=32)
+    e = make_engine(micro_target, head, kit.CONFIG, kv_budget_tokens=96, page_size=8,
+                    max_prefill_tokens=32)
     try:
         e.set_spec(kit.SPEC)
-        ps = kit.prompts(8, seed=3, lo=10, hi=30)
+        ps = id_prompts(8, seed=3, lo=10, hi=30)
         rids = [e.add_request(p, kit.greedy(16)) for p in ps]
         kit.drain(e)
         outs = [e.output(r) for r in rids]
@@ -150,7 +152,7 @@ def test_kv_exhaustion_with_spec_preempts_never_crashes(micro_target: Path, head
 def test_a_request_larger_than_the_pool_finishes_instead_of_waiting_forever(
         micro_target: Path, head: Path, reference: Reference) -> None:
     """64-token pool, 50-token prompt, 30 new tokens: the context is capped at the pool."""
-    e = kit.engine(micro_target, head, kv_budget_tokens=64, page_size=8)
+    e = make_engine(micro_target, head, kit.CONFIG, kv_budget_tokens=64, page_size=8)
     try:
         assert e.max_model_len == 64
         for spec in (None, kit.SPEC):
@@ -179,7 +181,7 @@ def test_abort_from_a_hook_at_every_phase(event: type[ev.Event], spec_engine: wb
     no crash, no hang, aborted requests say so, the others are exact, KV back to 0."""
     e = spec_engine
     e.set_spec(kit.SPEC)
-    ps = kit.prompts(4, seed=21, lo=4)
+    ps = id_prompts(4, seed=21, lo=4)
     rids: list[int] = []
     aborted: list[int] = []
 
@@ -217,7 +219,7 @@ def test_abort_from_a_hook_at_every_phase(event: type[ev.Event], spec_engine: wb
 def test_generate_returns_when_a_hook_aborts_its_requests(spec_engine: wb.Engine) -> None:
     e = spec_engine
     e.hooks.register(lambda x: e.abort(x.rid), [ev.RequestAdmitted])
-    outs = e.generate(kit.prompts(3, seed=2), kit.greedy(5), spec=kit.SPEC)
+    outs = e.generate(id_prompts(3, seed=2), kit.greedy(5), spec=kit.SPEC)
     assert [o.finish_reason for o in outs] == ["abort"] * 3 and kit.kv_used(e) == 0
 
 
@@ -225,7 +227,7 @@ def test_abort_between_steps_at_every_point(spec_engine: wb.Engine,
                                             reference: Reference) -> None:
     e = spec_engine
     e.set_spec(kit.SPEC)
-    ps = kit.prompts(3, seed=31, lo=4)
+    ps = id_prompts(3, seed=31, lo=4)
     for k in range(8):  # abort request 1 after k steps: waiting, prefill, decode, finished
         rids = [e.add_request(p, kit.greedy(8)) for p in ps]
         for _ in range(k):

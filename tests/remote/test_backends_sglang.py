@@ -8,8 +8,9 @@ import json
 
 import httpx
 import pytest
+from helpers import id_prompts
 from plans import make_plan
-from serve.serving import SPEC, TEXT_PROMPTS, greedy, id_prompts
+from serve.serving import SPEC, TEXT_PROMPTS, greedy
 
 import workbench as wb
 from workbench.core import RequestMetrics
@@ -272,7 +273,7 @@ N = 8
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_generate_equals_engine(server, solo, stream: bool) -> None:
-    prompts: list = TEXT_PROMPTS[:4] + id_prompts(3, seed=4)
+    prompts: list = TEXT_PROMPTS[:4] + id_prompts(3, seed=4, lo=2, hi=24)
     with SGLangClient(server.url, stream=stream, max_concurrency=4) as client:
         outs = client.generate(prompts, greedy(N), spec=SPEC)
     assert len(outs) == len(prompts)

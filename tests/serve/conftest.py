@@ -4,7 +4,6 @@ from serve.serving import (  # noqa: F401
     canary_text,
     http,
     reference_engine,
-    serve_head,
     server,
     solo,
 )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import make_engine
 
 import workbench as wb
 from workbench.serve.server import ServeLimits, ServerHandle, start_server
@@ -30,11 +30,6 @@ CANARY = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 8, "
                                                           "ignore_eos": True}}
 TEXT_PROMPTS = ["def parse(path):", "import os\n", "class Node:", "    return ", "for i in range(",
                 "# a comment\n", "x = [", "while True:"]
-
-
-def id_prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 24))] for _ in range(n)]
 
 
 def greedy(max_new_tokens: int) -> wb.SamplingParams:
@@ -66,11 +61,6 @@ def with_chat_template(target: Path, folder: Path, template: str | None) -> Path
     return folder
 
 
-def micro_engine(target: Path, head: Path) -> wb.Engine:
-    """The serving tests' engine: ``target`` with the draft ``head``, speculation off."""
-    return wb.Engine.from_pretrained(target, draft=head, config=ENGINE_CONFIG)
-
-
 def still_serves(adv: ServerHandle, canary_text: str) -> None:
     """The server answers a normal request with the same text as before, and frees all KV."""
     r = httpx.post(adv.url + "/generate", json=CANARY, timeout=60)
@@ -83,9 +73,9 @@ def still_serves(adv: ServerHandle, canary_text: str) -> None:
 @contextlib.contextmanager
 def serving(target: Path, head: Path, limits: ServeLimits | None = None,
             spec: wb.SpecConfig = SPEC) -> Iterator[ServerHandle]:
-    """A live server on loopback around a fresh :func:`micro_engine` with ``spec`` on; stopped
-    and its engine closed on exit."""
-    engine = micro_engine(target, head)
+    """A live server on loopback around a fresh micro engine (``make_engine`` with
+    ``ENGINE_CONFIG``) with ``spec`` on; stopped and its engine closed on exit."""
+    engine = make_engine(target, head, ENGINE_CONFIG)
     engine.set_spec(spec)
     handle = start_server(engine, "127.0.0.1", 0, limits=limits)
     try:
@@ -135,15 +125,8 @@ def canary_text(adv: ServerHandle) -> str:
 
 
 @pytest.fixture(scope="session")
-def serve_head(micro_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from speculative.conftest import write_random_head  # tests/ is on sys.path (tests/conftest.py)
-
-    return write_random_head(micro_target, tmp_path_factory.mktemp("serve_head"))
-
-
-@pytest.fixture(scope="session")
-def reference_engine(micro_target: Path, serve_head: Path) -> Iterator[wb.Engine]:
-    with micro_engine(micro_target, serve_head) as e:
+def reference_engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
+    with make_engine(micro_target, random_head, ENGINE_CONFIG) as e:
         yield e
 
 
@@ -162,8 +145,8 @@ def solo(reference_engine: wb.Engine) -> Callable[[str | list[int], int], wb.Req
 
 
 @pytest.fixture(scope="session")
-def server(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head) as handle:
+def server(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head) as handle:
         yield handle
 
 

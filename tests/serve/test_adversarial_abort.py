@@ -26,8 +26,8 @@ SAMPLING = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, LIMITS) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, LIMITS) as handle:
         yield handle
 
 

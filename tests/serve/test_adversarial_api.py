@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-from serve.serving import SPEC, micro_engine
+from helpers import make_engine
+from serve.serving import ENGINE_CONFIG, SPEC
 
 import workbench as wb
 from workbench import sampler
@@ -27,8 +28,8 @@ CANARY = "def parse(path):"
 
 
 @pytest.fixture(scope="module")
-def engine(micro_target: Path, serve_head: Path) -> Iterator[wb.Engine]:
-    with micro_engine(micro_target, serve_head) as e:
+def engine(micro_target: Path, random_head: Path) -> Iterator[wb.Engine]:
+    with make_engine(micro_target, random_head, ENGINE_CONFIG) as e:
         yield e
 
 

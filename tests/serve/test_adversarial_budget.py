@@ -45,12 +45,12 @@ RAISING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}"
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path, tmp_path_factory: pytest.TempPathFactory,
+def adv(micro_target: Path, random_head: Path, tmp_path_factory: pytest.TempPathFactory,
         ) -> Iterator[ServerHandle]:
     """The micro model with a chat template that refuses system messages."""
     folder = with_chat_template(micro_target, tmp_path_factory.mktemp("raising_chat") / "model",
                                 RAISING_TEMPLATE)
-    with serving(folder, serve_head, LIMITS) as handle:
+    with serving(folder, random_head, LIMITS) as handle:
         yield handle
 
 
@@ -109,13 +109,13 @@ def test_a_cumulative_stream_counts_every_chunk(adv: ServerHandle, canary_text: 
     still_serves(adv, canary_text)
 
 
-def test_incremental_streaming_sends_each_row_once(micro_target: Path, serve_head: Path) -> None:
+def test_incremental_streaming_sends_each_row_once(micro_target: Path, random_head: Path) -> None:
     """SGLang's --incremental-streaming-output: each chunk carries only the new text, ids and
     output log-probability rows; joined they equal the whole answer."""
     limits = ServeLimits(max_logprob_entries=ENTRIES, incremental_streaming=True)
     body = {"text": "def parse(path):", "return_logprob": True, "top_logprobs_num": 3,
             "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
-    with serving(micro_target, serve_head, limits) as h:
+    with serving(micro_target, random_head, limits) as h:
         whole = httpx.post(h.url + "/generate", json=body, timeout=60).json()
         with httpx.stream("POST", h.url + "/generate", json={**body, "stream": True},
                           timeout=60) as r:
@@ -284,11 +284,11 @@ def test_api_key_from_a_file_or_the_environment(tmp_path: Path, monkeypatch: pyt
         api_key_from_args(ns(api_key_file=str(tmp_path / "empty")))
 
 
-def test_a_server_keyed_from_the_environment(micro_target: Path, serve_head: Path,
+def test_a_server_keyed_from_the_environment(micro_target: Path, random_head: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKBENCH_API_KEY", "env-key")
     limits = ServeLimits(api_key=api_key_from_args(ns()))
-    with serving(micro_target, serve_head, limits) as h:
+    with serving(micro_target, random_head, limits) as h:
         assert httpx.post(h.url + "/generate", json=CANARY, timeout=60).status_code == 401
         ok = httpx.post(h.url + "/generate", json=CANARY, timeout=60,
                         headers={"Authorization": "Bearer env-key"})

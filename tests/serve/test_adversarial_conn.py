@@ -36,8 +36,8 @@ LIMITS = ServeLimits(max_body_bytes=1 << 20, max_header_bytes=16 << 10, read_tim
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, LIMITS) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, LIMITS) as handle:
         yield handle
 
 

@@ -40,8 +40,8 @@ DEADLINE_S = 15.0  # a connection case that is not over by then has hung
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, LIMITS) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, LIMITS) as handle:
         yield handle
 
 
@@ -552,9 +552,9 @@ KEY = {"Authorization": "Bearer s3cret"}
 
 
 @pytest.fixture(scope="module")
-def keyed(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
+def keyed(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
     """A second server: default limits and an API key."""
-    with serving(micro_target, serve_head, ServeLimits(api_key="s3cret")) as handle:
+    with serving(micro_target, random_head, ServeLimits(api_key="s3cret")) as handle:
         yield handle
 
 
@@ -610,9 +610,9 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_cli_exits_nonzero_when_the_engine_loop_dies(micro_target: Path,
-                                                     serve_head: Path) -> None:
+                                                     random_head: Path) -> None:
     cmd = [sys.executable, "-c", FATAL_SCRIPT, "serve", "--model", str(micro_target), "--draft",
-           str(serve_head), "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "6",
+           str(random_head), "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "6",
            "--port", "0"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:

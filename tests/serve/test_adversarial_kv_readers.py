@@ -41,9 +41,9 @@ def wire(sp: wb.SamplingParams) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def refs_and_server(micro_target: Path, serve_head: Path,
+def refs_and_server(micro_target: Path, random_head: Path,
                     ) -> Iterator[tuple[list[wb.RequestOutput], ServerHandle]]:
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head, config=CONFIG)
+    engine = wb.Engine.from_pretrained(micro_target, draft=random_head, config=CONFIG)
     engine.set_spec(SPEC)
     try:
         refs = [engine.generate([p], sp, spec=SPEC)[0] for p, sp in

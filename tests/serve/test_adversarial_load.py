@@ -37,8 +37,8 @@ NORMAL = {"text": "def parse(path):", "sampling_params": {"max_new_tokens": 16,
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, LIMITS) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, LIMITS) as handle:
         yield handle
 
 
@@ -67,11 +67,11 @@ def wait_for(cond: object, timeout: float) -> bool:
 
 
 def test_a_client_gone_while_queued_leaves_the_queue(micro_target: Path,
-                                                     serve_head: Path) -> None:
+                                                     random_head: Path) -> None:
     """One batch slot, taken by a long request; a second client sends a request (it queues in
     the loop) and goes away. The queued request is aborted while the first still runs: its
     slot and queue place are free at once, and the first request's answer is untouched."""
-    engine = wb.Engine.from_pretrained(micro_target, draft=serve_head,
+    engine = wb.Engine.from_pretrained(micro_target, draft=random_head,
                                        config=dataclasses.replace(ENGINE_CONFIG,
                                                                   max_batch_size=1))
     engine.set_spec(SPEC)

@@ -19,8 +19,8 @@ BOUND = LIMITS.max_header_bytes
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, LIMITS) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, LIMITS) as handle:
         yield handle
 
 

@@ -20,8 +20,8 @@ SINGLES, FLOODS = 5, 2
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head) as handle:
         yield handle
 
 

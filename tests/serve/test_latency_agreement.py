@@ -30,8 +30,8 @@ STREAM = '{is_streaming="true"}'
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, ServeLimits(latency_buckets="fine")) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, ServeLimits(latency_buckets="fine")) as handle:
         yield handle
 
 

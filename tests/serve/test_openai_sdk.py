@@ -26,12 +26,12 @@ def client(server: ServerHandle) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def chat_server(micro_target: Path, serve_head: Path,
+def chat_server(micro_target: Path, random_head: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The micro model with a chat template in its tokenizer_config.json."""
     folder = with_chat_template(micro_target, tmp_path_factory.mktemp("chat_model") / "model",
                                 TEMPLATE)
-    with serving(folder, serve_head) as handle:
+    with serving(folder, random_head) as handle:
         yield handle
 
 
@@ -135,12 +135,12 @@ def test_n_and_batched_prompts(client: openai.OpenAI, solo) -> None:
     assert [texts[0], texts[1]] == [c.text for c in a.choices]
 
 
-def test_chat_without_template_names_it(micro_target: Path, serve_head: Path,
+def test_chat_without_template_names_it(micro_target: Path, random_head: Path,
                                         tmp_path: Path) -> None:
     """A user model whose tokenizer has no chat template (the workbench's own models ship
     one): chat is a 400 naming messages and the missing template."""
     folder = with_chat_template(micro_target, tmp_path / "model", None)
-    with serving(folder, serve_head) as handle:
+    with serving(folder, random_head) as handle:
         client = openai.OpenAI(base_url=handle.url + "/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="model", max_tokens=4,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from serve.serving import TEXT_PROMPTS, id_prompts
+from helpers import id_prompts
+from serve.serving import TEXT_PROMPTS
 
 from workbench.bench.http import format_table, run_http_bench
 
-PROMPTS = TEXT_PROMPTS + id_prompts(8, seed=2)
+PROMPTS = TEXT_PROMPTS + id_prompts(8, seed=2, lo=2, hi=24)
 STATS = ("ttft", "itl", "tpot", "e2e")
 
 

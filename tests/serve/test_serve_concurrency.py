@@ -9,7 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve.serving import TEXT_PROMPTS, id_prompts, serving, sse_json
+from helpers import id_prompts
+from serve.serving import TEXT_PROMPTS, serving, sse_json
 
 import workbench as wb
 
@@ -47,7 +48,7 @@ def test_non_streaming_disconnect_aborts_and_frees_kv(server) -> None:
 
 
 def test_64_concurrent_streams_with_random_disconnects(server, solo) -> None:
-    prompts: list[str | list[int]] = TEXT_PROMPTS + id_prompts(8, seed=1)
+    prompts: list[str | list[int]] = TEXT_PROMPTS + id_prompts(8, seed=1, lo=2, hi=24)
     refs = [solo(p, N_OK) for p in prompts]
     rng = random.Random(0)
     plan = [(i % len(prompts), rng.random() < 0.5, rng.randrange(1, 4)) for i in range(64)]
@@ -101,8 +102,8 @@ def test_64_concurrent_streams_with_random_disconnects(server, solo) -> None:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_engine_failure_fails_requests_and_turns_unhealthy(micro_target: Path,
-                                                           serve_head: Path) -> None:
-    with serving(micro_target, serve_head) as h, httpx.Client(base_url=h.url, timeout=30) as c:
+                                                           random_head: Path) -> None:
+    with serving(micro_target, random_head) as h, httpx.Client(base_url=h.url, timeout=30) as c:
         assert c.get("/health").status_code == 200
         with wb.faults.inject("step:verify"):
             r = c.post("/generate", json={"text": "a", "sampling_params": {

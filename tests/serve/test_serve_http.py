@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from serve.serving import SPEC, TEXT_PROMPTS, id_prompts, parse_metrics, sse_json
+from helpers import id_prompts
+from serve.serving import SPEC, TEXT_PROMPTS, parse_metrics, sse_json
 
 from workbench.remote.sglang import sglang_accept_lengths
 
 N = 10
 
 
-@pytest.mark.parametrize("prompt", [TEXT_PROMPTS[0], TEXT_PROMPTS[1], id_prompts(2)[1]])
+@pytest.mark.parametrize("prompt", [TEXT_PROMPTS[0], TEXT_PROMPTS[1],
+                                    id_prompts(2, lo=2, hi=24)[1]])
 def test_generate_equals_engine(http, solo, prompt) -> None:
     key = "text" if isinstance(prompt, str) else "input_ids"
     r = http.post("/generate", json={key: prompt, "sampling_params": {
@@ -155,13 +157,13 @@ def test_cli_init_failure_exits_nonzero_naming_the_stage(tmp_path: Path) -> None
     assert "load_config" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_cli_serves_and_stops_on_sigint(micro_target: Path, serve_head: Path, solo) -> None:
+def test_cli_serves_and_stops_on_sigint(micro_target: Path, random_head: Path, solo) -> None:
     import signal
 
     import httpx
 
     cmd = [sys.executable, "-m", "workbench", "serve", "--model", str(micro_target), "--draft",
-           str(serve_head), "--num-steps", str(SPEC.num_steps), "--topk", str(SPEC.topk),
+           str(random_head), "--num-steps", str(SPEC.num_steps), "--topk", str(SPEC.topk),
            "--num-draft-tokens", str(SPEC.num_draft_tokens), "--port", "0"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:

@@ -38,8 +38,8 @@ SLOPE_MB_PER_MIN = 0.5
 
 
 @pytest.fixture(scope="module")
-def adv(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, ServeLimits(write_timeout_s=10.0)) as handle:
+def adv(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, ServeLimits(write_timeout_s=10.0)) as handle:
         yield handle
 
 

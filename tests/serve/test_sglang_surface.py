@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from serve.serving import TEXT_PROMPTS, id_prompts, sse_json
+from helpers import id_prompts
+from serve.serving import TEXT_PROMPTS, sse_json
 
 import workbench as wb
 
@@ -90,7 +91,7 @@ def test_batch_of_texts_equals_the_engine(http, solo) -> None:
 
 
 def test_batch_per_item_params_and_ids(http, solo) -> None:
-    prompts = id_prompts(2, seed=5)
+    prompts = id_prompts(2, seed=5, lo=2, hi=24)
     r = http.post("/generate", json={
         "input_ids": prompts, "rid": ["x", "y"],
         "sampling_params": [greedy_sp(3), greedy_sp(5)],

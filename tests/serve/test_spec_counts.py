@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve.serving import SPEC, greedy, id_prompts, parse_metrics, serving
+from helpers import id_prompts
+from serve.serving import SPEC, greedy, parse_metrics, serving
 
 import workbench as wb
 from workbench.core import RequestMetrics
@@ -66,7 +67,7 @@ def check_meta(meta: dict, m: RequestMetrics, n: int) -> None:
 
 def test_flipping_policy_counts_every_round(reference_engine: wb.Engine) -> None:
     spec = flip(seed=7)
-    outs = reference_engine.generate(id_prompts(4, seed=5), greedy(N_NEW), spec=spec)
+    outs = reference_engine.generate(id_prompts(4, seed=5, lo=2, hi=24), greedy(N_NEW), spec=spec)
     flipped = 0
     for out in outs:
         m = out.metrics
@@ -77,15 +78,16 @@ def test_flipping_policy_counts_every_round(reference_engine: wb.Engine) -> None
         flipped += m.verify_ct > 0 and m.spec_plain_steps > 0
     assert flipped, "the policy never flipped within a request"
     # the same engine without speculation: plain steps, no rounds, no spec fields
-    base = reference_engine.generate(id_prompts(1, seed=5), greedy(N_NEW), spec=None)[0]
+    base = reference_engine.generate(id_prompts(1, seed=5, lo=2, hi=24), greedy(N_NEW),
+                                     spec=None)[0]
     assert base.metrics.plain_steps > 0 and base.metrics.spec_plain_steps == 0
     meta = meta_info("r", 1, base.token_ids, "length", 0.1, output=base, num_draft_tokens=0)
     assert not [k for k in meta if k.startswith("spec_")]
 
 
 @pytest.fixture(scope="module")
-def flip_server(micro_target: Path, serve_head: Path) -> Iterator[ServerHandle]:
-    with serving(micro_target, serve_head, spec=flip(seed=11)) as handle:
+def flip_server(micro_target: Path, random_head: Path) -> Iterator[ServerHandle]:
+    with serving(micro_target, random_head, spec=flip(seed=11)) as handle:
         yield handle
 
 
@@ -99,7 +101,7 @@ def generate(url: str, prompt: list[int]) -> dict:
 def test_generate_counts_rounds_as_sglang(flip_server: ServerHandle) -> None:
     """One request at a time, so the server's counters move by that request's own steps."""
     url, flipped = flip_server.url, 0
-    for prompt in id_prompts(4, seed=6):
+    for prompt in id_prompts(4, seed=6, lo=2, hi=24):
         before = parse_metrics(httpx.get(url + "/metrics").text)
         meta = generate(url, prompt)
         after = parse_metrics(httpx.get(url + "/metrics").text)
@@ -125,7 +127,7 @@ def test_policy_off_is_steps0_rounds(flip_server: ServerHandle) -> None:
     previous = flip_server.call(lambda e: e.spec)
     flip_server.call(lambda e: e.set_spec(never))
     try:
-        meta = generate(flip_server.url, id_prompts(1, seed=9)[0])
+        meta = generate(flip_server.url, id_prompts(1, seed=9, lo=2, hi=24)[0])
     finally:
         flip_server.call(lambda e: e.set_spec(previous))
     rounds = N_NEW - 1  # the first token comes from the prefill, no round

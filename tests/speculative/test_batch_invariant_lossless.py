@@ -8,18 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import id_prompts, make_engine
 
 import workbench as wb
-from tests.speculative.test_lossless import CONFIGS, prompts, run_staggered
+from tests.speculative.test_lossless import CONFIGS, run_staggered
 from workbench.core import LogprobParams
 from workbench.policy.policies import RandomFlip
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "float32"])
 def engine(request: pytest.FixtureRequest, micro_target: Path, trained_head: Path) -> wb.Engine:
-    e = wb.Engine.from_pretrained(micro_target, draft=trained_head, config=wb.EngineConfig(
-        dtype=request.param, batch_invariant=True, kv_budget_tokens=8192,
-        max_prefill_tokens=16))  # longer prompts prefill in chunks, beside decodes
+    e = make_engine(micro_target, trained_head, dtype=request.param, batch_invariant=True,
+                    kv_budget_tokens=8192,
+                    max_prefill_tokens=16)  # longer prompts prefill in chunks, beside decodes
     assert e.choices["attention"]["choice"] == "invariant"
     assert e.choices["compile"]["choice"] == "off"
     assert e.choices["row_invariance"]["choice"] in ("onednn", "dense")
@@ -45,7 +46,7 @@ def with_logprobs(engine: wb.Engine, ps: list[list[int]],
 
 
 def test_every_shape_bit_for_bit(engine: wb.Engine) -> None:
-    ps = prompts(6, seed=21)
+    ps = id_prompts(6, seed=21, lo=2, hi=30)
     base = with_logprobs(engine, ps, None)
     alone = [with_logprobs(engine, [p], None)[0] for p in ps]
     for b, a in zip(base, alone, strict=True):  # plain bs=6 == plain bs=1, logprobs too
@@ -65,7 +66,7 @@ def test_every_shape_bit_for_bit(engine: wb.Engine) -> None:
 def test_policy_flips_and_mixed_batches(engine: wb.Engine, batch: int) -> None:
     """Speculation switched on and off at random per step, riders in the verify, batches up
     to 16 with requests joining as others finish."""
-    ps = prompts(16, seed=batch)
+    ps = id_prompts(16, seed=batch, lo=2, hi=30)
     sp = wb.SamplingParams(max_new_tokens=16, ignore_eos=True)
     base = [o.token_ids for o in engine.generate(ps, sp)]
     spec = wb.SpecConfig(num_steps=4, topk=4, num_draft_tokens=10,
@@ -75,7 +76,7 @@ def test_policy_flips_and_mixed_batches(engine: wb.Engine, batch: int) -> None:
 
 def test_a_trained_head_accepts(engine: wb.Engine) -> None:
     """Not a vacuous pass: trees are accepted beyond the root."""
-    out = engine.generate(prompts(4, seed=5), wb.SamplingParams(max_new_tokens=24,
+    out = engine.generate(id_prompts(4, seed=5, lo=2, hi=30), wb.SamplingParams(max_new_tokens=24,
                                                                ignore_eos=True),
                           spec=CONFIGS["S5 K4 N16"])
     assert max(o.metrics.accept_length for o in out) > 1.2

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from speculative.test_lossless import prompts, run_staggered  # tests/ is on sys.path
+from helpers import id_prompts, make_engine
+from speculative.test_lossless import run_staggered  # tests/ is on sys.path
 from speculative.test_sampling_lossless import PROMPT, SP, V, chi_square_p, tiny_vocab_pair
 
 import workbench as wb
@@ -22,7 +23,7 @@ SPEC = wb.SpecConfig(num_steps=3, topk=2, num_draft_tokens=6)
 
 @pytest.mark.parametrize("batch", [1, 5])
 def test_greedy_with_bias_spec_equals_baseline(engine: wb.Engine, batch: int) -> None:
-    ps = prompts(5, seed=11)
+    ps = id_prompts(5, seed=11, lo=2, hi=30)
     plain = wb.SamplingParams(max_new_tokens=16, ignore_eos=True)
     unbiased = run_staggered(engine, ps, plain, None, batch)
     # the unbiased first tokens pushed down, one other token pushed up: the output changes
@@ -61,8 +62,7 @@ def test_seeded_sampling_with_bias_matches_the_biased_distribution(
     plain = exact_biased(target, wb.SamplingParams(**SP))
     assert abs(sum(exact.values()) - 1.0) < 1e-4
     assert max(abs(exact[s] - plain[s]) for s in exact) > 0.05  # the bias matters here
-    engine = wb.Engine.from_pretrained(target, draft=head, config=wb.EngineConfig(
-        max_batch_size=256, kv_budget_tokens=256 * 16, page_size=4))
+    engine = make_engine(target, head, max_batch_size=256, kv_budget_tokens=256 * 16, page_size=4)
     n = 2000
     pvalues = []
     for seed in range(2):

@@ -4,11 +4,11 @@ prompt (input) logprobs from the prefill match a dense forward, chunked prefill 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import id_prompts, make_engine
 
 import workbench as wb
 from workbench.core import LogprobParams
@@ -22,16 +22,11 @@ CONFIGS = {
 TOP_K = 3
 
 
-def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(3, 24))] for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def engine(micro_target: Path, trained_head: Path) -> wb.Engine:
     # max_prefill_tokens 16: the longer prompts prefill in chunks (input logprobs per chunk)
-    e = wb.Engine.from_pretrained(micro_target, draft=trained_head, config=wb.EngineConfig(
-        kv_budget_tokens=8192, dtype="float32", max_prefill_tokens=16))
+    e = make_engine(micro_target, trained_head, kv_budget_tokens=8192, dtype="float32",
+                    max_prefill_tokens=16)
     yield e
     e.close()
 
@@ -64,7 +59,7 @@ def _max_diff(a: list[float], b: list[float]) -> float:
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_spec_logprobs_equal_baseline(engine: wb.Engine, name: str, batch: int) -> None:
-    ps = prompts(6, seed=batch)
+    ps = id_prompts(6, seed=batch, lo=3, hi=24)
     lp = LogprobParams(top_k=TOP_K)
     base = run(engine, ps, None, batch, lp)
     spec = run(engine, ps, CONFIGS[name], batch, lp)
@@ -86,7 +81,7 @@ def test_spec_logprobs_equal_baseline(engine: wb.Engine, name: str, batch: int) 
 def test_logprobs_match_a_dense_forward(engine: wb.Engine) -> None:
     """Input logprobs (from logprob_start_len, chunked prefill) and output logprobs equal the
     log-softmax of one dense forward over prompt + output."""
-    ps = prompts(3, seed=7) + [list(range(5, 45))]  # 40 tokens: 3 prefill chunks
+    ps = id_prompts(3, seed=7, lo=3, hi=24) + [list(range(5, 45))]  # 40 tokens: 3 prefill chunks
     for start in (0, 2):
         outs = run(engine, ps, CONFIGS["S3 K2 N6"], 2, LogprobParams(top_k=2, start=start))
         for p, o in zip(ps, outs, strict=True):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import id_prompts, make_engine
 
 import workbench as wb
 
@@ -20,16 +20,10 @@ CONFIGS = {
 }
 
 
-def prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 30))] for _ in range(n)]
-
-
 @pytest.fixture(scope="module", params=["random_head", "trained_head"])
 def engine(request: pytest.FixtureRequest, micro_target: Path) -> wb.Engine:
     head = request.getfixturevalue(request.param)
-    e = wb.Engine.from_pretrained(micro_target, draft=head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    e = make_engine(micro_target, head, kv_budget_tokens=8192)
     yield e
     e.close()
 
@@ -62,7 +56,7 @@ def run_staggered(engine: wb.Engine, ps: list[list[int]], sp: wb.SamplingParams,
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_greedy_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -> None:
-    ps = prompts(13 if batch > 1 else 4, seed=batch)
+    ps = id_prompts(13 if batch > 1 else 4, seed=batch, lo=2, hi=30)
     sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
     base = run_staggered(engine, ps, sp, None, batch)
     spec = run_staggered(engine, ps, sp, CONFIGS[name], batch)
@@ -72,8 +66,9 @@ def test_greedy_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -
 
 def test_trained_head_accepts(micro_target: Path, trained_head: Path) -> None:
     """Guard that the lossless tests above exercise partial and multi-token acceptance."""
-    e = wb.Engine.from_pretrained(micro_target, draft=trained_head)
-    outs = e.generate(prompts(4, seed=9), wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
+    e = make_engine(micro_target, trained_head)
+    outs = e.generate(id_prompts(4, seed=9, lo=2, hi=30),
+                      wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
                       spec=CONFIGS["S5 K4 N16"])
     taus = [a for o in outs for a in o.metrics.accept_lengths]
     assert sum(taus) / len(taus) > 1.5 and max(taus) >= 3 and min(taus) == 1
@@ -93,10 +88,9 @@ def test_calibrated_ranking_stays_lossless(micro_target: Path, trained_head: Pat
     cfg = json.loads((head / "config.json").read_text())
     cfg["workbench"] = {"greedy_score_temperature": temperature}
     (head / "config.json").write_text(json.dumps(cfg))
-    e = wb.Engine.from_pretrained(micro_target, draft=head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    e = make_engine(micro_target, head, kv_budget_tokens=8192)
     assert e.runner.draft.config.greedy_score_temperature == temperature
-    ps = prompts(13, seed=5)
+    ps = id_prompts(13, seed=5, lo=2, hi=30)
     sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
     for name in ("S5 K4 N16", "S6 K8 N32"):
         assert run_staggered(e, ps, sp, CONFIGS[name], 4) == run_staggered(e, ps, sp, None, 4)
@@ -111,7 +105,7 @@ def test_calibrated_ranking_stays_lossless(micro_target: Path, trained_head: Pat
 
 def test_metrics_semantics(engine: wb.Engine) -> None:
     sp = wb.SamplingParams(max_new_tokens=30, ignore_eos=True)
-    out = engine.generate([prompts(1)[0]], sp, spec=CONFIGS["S5 K4 N16"])[0]
+    out = engine.generate([id_prompts(1, lo=2, hi=30)[0]], sp, spec=CONFIGS["S5 K4 N16"])[0]
     m = out.metrics
     assert m.verify_ct == len(m.accept_lengths) > 0
     assert all(1 <= a <= 6 for a in m.accept_lengths)
@@ -151,7 +145,7 @@ def test_an_unusable_verify_row_fails_its_request_alone(engine: wb.Engine, bad: 
     neighbour's output equals its baseline, and every KV block comes back. A -inf among finite
     logits is probability 0, not a failure: that request's output equals its baseline."""
     sp = wb.SamplingParams(max_new_tokens=16, ignore_eos=True)
-    ps = prompts(3, seed=11)
+    ps = id_prompts(3, seed=11, lo=2, hi=30)
     want = [o.token_ids for o in engine.generate(ps, sp)]
     accept = engine.worker._accept
     victim: list[int] = []

@@ -9,9 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import write_tokenizer  # tests/ is on sys.path
-from speculative.conftest import MICRO_DRAFT_TRAINING
-from speculative.test_lossless import CONFIGS, prompts, run_staggered
+from helpers import MICRO_DRAFT_TRAINING, id_prompts, write_tokenizer  # tests/ is on sys.path
+from speculative.test_lossless import CONFIGS, run_staggered
 
 import workbench as wb
 from workbench.models.synthetic_moe import write_random_moe
@@ -46,7 +45,7 @@ def moe_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_greedy_spec_equals_baseline_on_moe(moe_engine: wb.Engine, name: str,
                                             batch: int) -> None:
-    ps = prompts(13 if batch > 1 else 4, seed=batch)
+    ps = id_prompts(13 if batch > 1 else 4, seed=batch, lo=2, hi=30)
     sp = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
     base = run_staggered(moe_engine, ps, sp, None, batch)
     spec = run_staggered(moe_engine, ps, sp, CONFIGS[name], batch)
@@ -56,7 +55,7 @@ def test_greedy_spec_equals_baseline_on_moe(moe_engine: wb.Engine, name: str,
 
 def test_moe_head_accepts(moe_engine: wb.Engine) -> None:
     """Guard that the suite above exercises partial and multi-token acceptance."""
-    outs = moe_engine.generate(prompts(4, seed=9),
+    outs = moe_engine.generate(id_prompts(4, seed=9, lo=2, hi=30),
                                wb.SamplingParams(max_new_tokens=40, ignore_eos=True),
                                spec=CONFIGS["S5 K4 N16"])
     taus = [a for o in outs for a in o.metrics.accept_lengths]

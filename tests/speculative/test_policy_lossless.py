@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from helpers import id_prompts, make_engine
 
 import workbench as wb
 from workbench.policy.costmodel import CostModel, LinearCost
@@ -28,16 +29,10 @@ SP = wb.SamplingParams(max_new_tokens=20, ignore_eos=True)
 @pytest.fixture(scope="module", params=["trained_head", "random_head"])
 def engine(request: pytest.FixtureRequest, micro_target: Path) -> Iterator[wb.Engine]:
     head = request.getfixturevalue(request.param)
-    e = wb.Engine.from_pretrained(micro_target, draft=head,
-                                  config=wb.EngineConfig(kv_budget_tokens=8192))
+    e = make_engine(micro_target, head, kv_budget_tokens=8192)
     e.head_name = request.param  # type: ignore[attr-defined]
     yield e
     e.close()
-
-
-def prompts(n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(2, 30))] for _ in range(n)]
 
 
 def run(engine: wb.Engine, ps: list[list[int]], spec: wb.SpecConfig | None, batch: int,
@@ -77,7 +72,7 @@ _BASE: dict[tuple[str, int, int, int], list[list[int]]] = {}
 def baseline(engine: wb.Engine, n: int, seed: int, batch: int) -> list[list[int]]:
     key = (engine.head_name, n, seed, batch)  # type: ignore[attr-defined]
     if key not in _BASE:
-        _BASE[key] = run(engine, prompts(n, seed), None, batch)
+        _BASE[key] = run(engine, id_prompts(n, seed, lo=2, hi=30), None, batch)
     return _BASE[key]
 
 
@@ -91,7 +86,7 @@ def test_random_flip_equals_baseline(engine: wb.Engine, state: State, batch: int
     base = baseline(engine, 13, 1, batch)
     s0, p0 = spec_steps(engine)
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=batch))
-    assert run(engine, prompts(13, 1), spec, batch) == base
+    assert run(engine, id_prompts(13, 1, lo=2, hi=30), spec, batch) == base
     s1, p1 = spec_steps(engine)
     assert s1 > s0 and p1 > p0  # both kinds of step (and switches) happened
 
@@ -102,7 +97,7 @@ def test_random_shapes_equal_baseline(engine: wb.Engine, state: State) -> None:
     shapes = [(1, 1, 2), (3, 2, 6), (5, 4, 16), (4, 1, 5), (2, 3, 7)]
     spec = wb.SpecConfig(**SHAPE, draft_state=state,
                          policy=RandomFlip(0.7, seed=7, shapes=shapes))
-    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+    assert run(engine, id_prompts(13, 1, lo=2, hi=30), spec, 13) == baseline(engine, 13, 1, 13)
 
 
 @pytest.mark.parametrize("state", ["warm", "cold", "auto"])
@@ -110,7 +105,7 @@ def test_aborts_leave_baseline_prefixes(engine: wb.Engine, state: State) -> None
     base = baseline(engine, 13, 1, 4)
     aborts = {0: 3, 2: 1, 5: 6, 9: 4, 12: 2}  # prompt index → steps after admission
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=11))
-    got = run(engine, prompts(13, 1), spec, 4, aborts)
+    got = run(engine, id_prompts(13, 1, lo=2, hi=30), spec, 4, aborts)
     for i, (g, b) in enumerate(zip(got, base, strict=True)):
         if i in aborts:
             assert b[: len(g)] == g and len(g) < len(b)
@@ -125,7 +120,7 @@ def test_goodput_equals_baseline(engine: wb.Engine, state: State) -> None:
     policy = Goodput(cm, candidates=[(3, 2, 6), (4, 1, 5)], min_dwell=2, probe_every=4)
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=policy)
     s0, p0 = spec_steps(engine)
-    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+    assert run(engine, id_prompts(13, 1, lo=2, hi=30), spec, 13) == baseline(engine, 13, 1, 13)
     s1, p1 = spec_steps(engine)
     assert s1 > s0 and p1 > p0 and policy.switches >= 1
 
@@ -136,7 +131,7 @@ def test_step_table_equals_baseline(engine: wb.Engine, state: State) -> None:
     table = StepTable({(1, 3): (5, 4, 16), (4, 8): (3, 1, 4), (9, None): None})
     spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=table)
     s0, p0 = spec_steps(engine)
-    assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+    assert run(engine, id_prompts(13, 1, lo=2, hi=30), spec, 13) == baseline(engine, 13, 1, 13)
     s1, p1 = spec_steps(engine)
     assert s1 > s0 and p1 > p0
 
@@ -150,7 +145,7 @@ def test_cold_catch_up_keeps_acceptance(engine: wb.Engine) -> None:
     for state in ("warm", "cold"):
         before = len(engine.stats.accept_lengths)
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=RandomFlip(0.5, seed=3))
-        assert run(engine, prompts(13, 1), spec, 13) == baseline(engine, 13, 1, 13)
+        assert run(engine, id_prompts(13, 1, lo=2, hi=30), spec, 13) == baseline(engine, 13, 1, 13)
         acc = engine.stats.accept_lengths[before:]
         taus[state] = sum(acc) / len(acc)
     assert taus["warm"] > 1.3
@@ -192,7 +187,7 @@ def test_auto_goes_cold_in_long_off_stretches(engine: wb.Engine) -> None:
     calls: dict[str, int] = {}
     for state in ("warm", "auto", "cold"):
         spec = wb.SpecConfig(**SHAPE, draft_state=state, policy=OffStretches())
-        out, evs = extends(engine, prompts(13, 1), spec, 4)
+        out, evs = extends(engine, id_prompts(13, 1, lo=2, hi=30), spec, 4)
         assert out == base, state
         calls[state] = len(evs)
     assert calls["cold"] < calls["auto"] < calls["warm"], calls
@@ -208,7 +203,7 @@ def test_catchup_window_holes_equal_baseline(engine: wb.Engine, window: int,
     base = baseline(engine, 13, 1, batch)
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=window,
                          policy=OffStretches())
-    out, evs = extends(engine, prompts(13, 1), spec, batch)
+    out, evs = extends(engine, id_prompts(13, 1, lo=2, hi=30), spec, batch)
     assert out == base
     holed = [(rows, hs) for e in evs for rows, hs in zip(e.rows, e.holes, strict=True) if hs]
     holes = [[tuple(h) for h in hs] for _, hs in holed]
@@ -254,7 +249,7 @@ def test_no_holes_for_page_table_backends(engine: wb.Engine,
     holes: the window is ignored and the cold catch-up covers everything missed."""
     monkeypatch.setattr(engine.runner.draft_attn, "arbitrary_slots", False)
     spec = wb.SpecConfig(**SHAPE, draft_state="cold", catchup_window=1, policy=OffStretches())
-    out, evs = extends(engine, prompts(13, 1), spec, 4)
+    out, evs = extends(engine, id_prompts(13, 1, lo=2, hi=30), spec, 4)
     assert out == baseline(engine, 13, 1, 4)
     assert evs and not any(hs for e in evs for hs in e.holes)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import make_engine
 
 import workbench as wb
 from workbench.models.loader import load_target
@@ -24,7 +25,7 @@ SAMPLES = 2000
 
 @pytest.fixture(scope="module")
 def tiny_vocab_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from speculative.conftest import write_random_head  # tests/ is on sys.path
+    from workbench.models.synthetic import write_random_head
 
     folder = tmp_path_factory.mktemp("tiny_vocab")
     cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64,
@@ -87,8 +88,7 @@ def test_spec_sampling_matches_exact_distribution(tiny_vocab_pair: tuple[Path, P
     target, head = tiny_vocab_pair
     exact = exact_distribution(target)
     assert abs(sum(exact.values()) - 1.0) < 1e-4
-    engine = wb.Engine.from_pretrained(target, draft=head, config=wb.EngineConfig(
-        max_batch_size=256, kv_budget_tokens=256 * 16, page_size=4))
+    engine = make_engine(target, head, max_batch_size=256, kv_budget_tokens=256 * 16, page_size=4)
     pvalues = []
     for seed in range(5):
         sps = [wb.SamplingParams(seed=seed * 100_000 + i, **SP) for i in range(SAMPLES)]

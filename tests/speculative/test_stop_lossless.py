@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from speculative.test_lossless import CONFIGS, prompts
+from helpers import id_prompts
+from speculative.test_lossless import CONFIGS
 
 import workbench as wb
 
@@ -122,7 +123,7 @@ def sweep(name: str) -> list:
 @pytest.mark.parametrize("name", [p for n in sorted(CONFIGS) for p in sweep(n)])
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_greedy_stops_spec_equals_baseline(engine: wb.Engine, name: str, batch: int) -> None:
-    ps = prompts(13 if batch > 1 else 4, seed=100 + batch)
+    ps = id_prompts(13 if batch > 1 else 4, seed=100 + batch, lo=2, hi=30)
     sps = with_stops(engine, ps, wb.SamplingParams())
     base, spec = spec_equals_baseline(engine, ps, sps, CONFIGS[name], batch)
     for b, sp in zip(base, sps, strict=True):
@@ -136,7 +137,7 @@ def test_greedy_stops_spec_equals_baseline(engine: wb.Engine, name: str, batch: 
 @pytest.mark.parametrize("name", [p for n in sorted(CONFIGS) for p in sweep(n)])
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_seeded_sampling_stops_exactly(engine: wb.Engine, name: str, batch: int) -> None:
-    ps = prompts(13 if batch > 1 else 4, seed=200 + batch)
+    ps = id_prompts(13 if batch > 1 else 4, seed=200 + batch, lo=2, hi=30)
     base_sp = wb.SamplingParams(temperature=0.7, top_p=0.95, ignore_eos=True)
     sps = [dataclasses.replace(sp, seed=1000 + i)
            for i, sp in enumerate(with_stops(engine, ps, base_sp))]
@@ -152,7 +153,7 @@ def test_seeded_sampling_stops_exactly(engine: wb.Engine, name: str, batch: int)
 
 
 def test_no_stop_trim_keeps_the_stop(engine: wb.Engine) -> None:
-    p = prompts(1, seed=7)[0]
+    p = id_prompts(1, seed=7, lo=2, hi=30)[0]
     sp = with_stops(engine, [p], wb.SamplingParams())[0]
     assert sp.stop
     trimmed = engine.generate([p], sp)[0]
@@ -165,7 +166,7 @@ def test_no_stop_trim_keeps_the_stop(engine: wb.Engine) -> None:
 
 
 def test_stream_never_shows_a_stop_string(engine: wb.Engine) -> None:
-    p = prompts(1, seed=8)[0]
+    p = id_prompts(1, seed=8, lo=2, hi=30)[0]
     sp = with_stops(engine, [p], wb.SamplingParams())[0]
     whole = engine.generate([p], sp, spec=CONFIGS["S5 K4 N16"])[0]
     streamed = "".join(engine.stream(p, sp, spec=CONFIGS["S5 K4 N16"]))
@@ -175,7 +176,7 @@ def test_stream_never_shows_a_stop_string(engine: wb.Engine) -> None:
 def test_stops_do_fire_inside_accepted_blocks(engine: wb.Engine) -> None:
     """Guard: the suite above exercises stops on an accepted draft token (mid-block), not only
     on a block's last (bonus) token."""
-    ps = prompts(13, seed=113)
+    ps = id_prompts(13, seed=113, lo=2, hi=30)
     sps = with_stops(engine, ps, wb.SamplingParams())
     outs = run(engine, ps, sps, CONFIGS["S5 K4 N16"], 13)
     assert any(o.finish_reason == "stop" and o.from_draft and o.from_draft[-1] for o in outs)

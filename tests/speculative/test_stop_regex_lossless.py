@@ -16,7 +16,8 @@ import dataclasses
 import re
 
 import pytest
-from speculative.test_lossless import CONFIGS, prompts
+from helpers import id_prompts
+from speculative.test_lossless import CONFIGS
 from speculative.test_stop_lossless import (
     FAST,
     N,
@@ -72,7 +73,7 @@ def check_exact_stop(engine: wb.Engine, o: wb.RequestOutput, sp: wb.SamplingPara
 @pytest.mark.parametrize("batch", [1, 4, 13])
 def test_greedy_stop_regex_spec_equals_baseline(engine: wb.Engine, name: str,
                                                 batch: int) -> None:
-    ps = prompts(13 if batch > 1 else 4, seed=300 + batch)
+    ps = id_prompts(13 if batch > 1 else 4, seed=300 + batch, lo=2, hi=30)
     sps = with_regex(engine, ps, wb.SamplingParams())
     base, spec = spec_equals_baseline(engine, ps, sps, CONFIGS[name], batch)
     for b, sp in zip(base, sps, strict=True):
@@ -84,7 +85,7 @@ def test_greedy_stop_regex_spec_equals_baseline(engine: wb.Engine, name: str,
 
 @pytest.mark.parametrize("name", FAST)
 def test_seeded_sampling_stop_regex_stops_exactly(engine: wb.Engine, name: str) -> None:
-    ps = prompts(13, seed=400)
+    ps = id_prompts(13, seed=400, lo=2, hi=30)
     base_sp = wb.SamplingParams(temperature=0.7, top_p=0.95)
     sps = [dataclasses.replace(sp, seed=2000 + i)
            for i, sp in enumerate(with_regex(engine, ps, base_sp))]
@@ -100,14 +101,14 @@ def test_seeded_sampling_stop_regex_stops_exactly(engine: wb.Engine, name: str) 
 def test_stop_regex_fires_inside_accepted_blocks(engine: wb.Engine) -> None:
     """Guard: the suite above stops on an accepted draft token (mid-block), not only on a
     block's last (bonus) token."""
-    ps = prompts(13, seed=313)
+    ps = id_prompts(13, seed=313, lo=2, hi=30)
     sps = with_regex(engine, ps, wb.SamplingParams())
     outs = run(engine, ps, sps, CONFIGS["S5 K4 N16"], 13)
     assert any(o.finish_reason == "stop" and o.from_draft and o.from_draft[-1] for o in outs)
 
 
 def test_stream_equals_the_whole_text(engine: wb.Engine) -> None:
-    p = prompts(1, seed=9)[0]
+    p = id_prompts(1, seed=9, lo=2, hi=30)[0]
     sp = with_regex(engine, [p], wb.SamplingParams())[0]
     whole = engine.generate([p], sp, spec=CONFIGS["S5 K4 N16"])[0]
     streamed = "".join(engine.stream(p, sp, spec=CONFIGS["S5 K4 N16"]))
@@ -117,7 +118,7 @@ def test_stream_equals_the_whole_text(engine: wb.Engine) -> None:
 def test_pathological_pattern_costs_linear_time(engine: wb.Engine) -> None:
     """(a+)+@ backtracks exponentially in Python's re; RE2 runs it in linear time over the
     bounded window, so a long output under it finishes (by length: it never matches)."""
-    p = prompts(1, seed=10)[0]
+    p = id_prompts(1, seed=10, lo=2, hi=30)[0]
     sp = wb.SamplingParams(max_new_tokens=48, ignore_eos=True,
                            stop_regex=("(a+)+@@@@", "(.*.*)*QQQ@@", "(x|x|x|x)*@@@@y"))
     o = engine.generate([p], sp, spec=CONFIGS["S5 K4 N16"])[0]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from speculative.conftest import trained_head  # noqa: F401 (session fixture)
+from helpers import id_prompts, make_engine
 
 import workbench as wb
 from workbench.engine.engine import EngineStats
@@ -43,15 +43,16 @@ from workbench.trace import (
     write_jsonl,
 )
 
+TRACE_CONFIG = wb.EngineConfig(kv_budget_tokens=4096, self_check=False)
 SPEC = dict(num_steps=5, topk=4, num_draft_tokens=16)
 # request i arrives before step ARRIVALS[i] (0-based): staggered, two at once at the end
 ARRIVALS = (0, 1, 1, 3, 4)
 MAX_NEW = (24, 9, 17, 30, 12)  # uneven, so the last verify of a request is often cut short
 
 
-def prompts(seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1, 299) for _ in range(rng.randrange(4, 30))] for _ in ARRIVALS]
+def arrival_prompts() -> list[list[int]]:
+    """One random id prompt (4-29 tokens) per arrival."""
+    return id_prompts(len(ARRIVALS), lo=4, hi=30)
 
 
 def sampling() -> list[wb.SamplingParams]:
@@ -61,12 +62,6 @@ def sampling() -> list[wb.SamplingParams]:
 def make_spec(policy: str) -> wb.SpecConfig:
     pol = wb.RandomFlip(p=0.5, seed=3) if policy == "flip" else wb.Always()
     return wb.SpecConfig(**SPEC, policy=pol)
-
-
-def make_engine(target: Path, head: Path) -> wb.Engine:
-    return wb.Engine.from_pretrained(
-        target, draft=head, config=wb.EngineConfig(kv_budget_tokens=4096, self_check=False)
-    )
 
 
 @dataclass
@@ -93,7 +88,7 @@ class Run:
 def drive(engine: wb.Engine, spec: wb.SpecConfig | None, rec: RecordingTracer | None = None,
           on_step: Callable[[], None] | None = None) -> Run:
     """Add the requests at their ARRIVALS and step until all finish; slices ``rec``'s events."""
-    ps, sps = prompts(), sampling()
+    ps, sps = arrival_prompts(), sampling()
     engine.set_spec(spec)
     rids: list[int] = []
     steps: list[StepSlice] = []
@@ -138,7 +133,7 @@ class Recorded:
                 ids=["trained-always", "trained-flip", "random-always"])
 def recorded(request: pytest.FixtureRequest, micro_target: Path) -> Iterator[Recorded]:
     head_name, policy = request.param
-    engine = make_engine(micro_target, request.getfixturevalue(head_name))
+    engine = make_engine(micro_target, request.getfixturevalue(head_name), TRACE_CONFIG)
     with wb.trace(engine) as rec:
         run = drive(engine, make_spec(policy), rec)
     yield Recorded(engine, run, rec, copy.deepcopy(engine.stats), policy)
@@ -148,7 +143,7 @@ def recorded(request: pytest.FixtureRequest, micro_target: Path) -> Iterator[Rec
 @pytest.fixture(scope="module")
 def reference(micro_target: Path) -> list[list[int]]:
     """Greedy outputs of the plain target (no draft, no tracer), same arrivals."""
-    engine = wb.Engine.from_pretrained(micro_target, config=wb.EngineConfig(self_check=False))
+    engine = make_engine(micro_target, self_check=False)
     try:
         return drive(engine, None).tokens
     finally:
@@ -362,7 +357,7 @@ def test_phases_cover_the_whole_step(micro_target: Path, trained_head: Path,  # 
     """Slow down the work between the timed phases (policy decision, making KV room, emitting
     tokens, draft extend): every slowed call must land in some phase, and the draft's extend
     over the prompt in Prefill.seconds."""
-    engine = make_engine(micro_target, trained_head)
+    engine = make_engine(micro_target, trained_head, TRACE_CONFIG)
     nap = 0.02
     # public seams: a slow policy, a hook inside each draft extend, the output processor
     engine.hooks.register(lambda e: time.sleep(nap), [DraftExtended])
@@ -375,7 +370,7 @@ def test_phases_cover_the_whole_step(micro_target: Path, trained_head: Path,  # 
     sp = wb.SamplingParams(max_new_tokens=4, ignore_eos=True)
     engine.set_spec(spec)
     with wb.trace(engine) as rec:
-        rids = [engine.add_request(p, sp) for p in prompts()[:2]]
+        rids = [engine.add_request(p, sp) for p in arrival_prompts()[:2]]
         steps = []
         while engine.has_unfinished():
             n0 = len(rec.events)
@@ -468,7 +463,7 @@ def test_jsonl_round_trip_is_lossless(recorded: Recorded, tmp_path: Path) -> Non
 
 def test_raising_hook_is_isolated_and_the_engine_keeps_serving(
         micro_target: Path, trained_head: Path, reference: list[list[int]]) -> None:  # noqa: F811
-    engine = make_engine(micro_target, trained_head)
+    engine = make_engine(micro_target, trained_head, TRACE_CONFIG)
     calls: list[Verified] = []
     seen: list[Verified] = []
 
@@ -505,7 +500,7 @@ def test_fatal_hook_stops_the_step_and_the_engine_stays_consistent(
     engine stays consistent: a request the step fault did not fail goes on to its greedy
     output (one it failed holds a prefix of it), aborting what is left frees all KV, and the
     engine serves new requests."""
-    engine = make_engine(micro_target, trained_head)
+    engine = make_engine(micro_target, trained_head, TRACE_CONFIG)
     rng = random.Random(FATAL_SEED)
     ps = [[rng.randrange(1, 299) for _ in range(rng.randrange(4, 30))]
           for _ in range(FATAL_BATCH)]
@@ -564,9 +559,9 @@ def test_trace_overhead_bench_runs_and_restores_the_engine(micro_target: Path,
                                                             trained_head: Path) -> None:  # noqa: F811
     from workbench.bench.trace_overhead import MODES, format_table, run_trace_overhead
 
-    engine = make_engine(micro_target, trained_head)
+    engine = make_engine(micro_target, trained_head, TRACE_CONFIG)
     dispatcher = engine.trace
-    df = run_trace_overhead(engine, prompts()[:2], batch_sizes=(1, 3), max_new_tokens=3,
+    df = run_trace_overhead(engine, arrival_prompts()[:2], batch_sizes=(1, 3), max_new_tokens=3,
                             repeats=1, warmup=False)
     assert engine.trace is dispatcher and engine.tracer.enabled is False and not engine.hooks
     assert len(df) == 2 * 2 * len(MODES)  # (baseline, tree) x (bs 1, 3) x modes
@@ -575,7 +570,7 @@ def test_trace_overhead_bench_runs_and_restores_the_engine(micro_target: Path,
     assert (df.loc[df["mode"] == "default", "guard_est_pct"] >= 0.0).all()
     assert "no_hooks" in format_table(df)
     with pytest.raises(ValueError, match="no tracer"), wb.trace(engine):
-        run_trace_overhead(engine, prompts()[:1], batch_sizes=(1,), repeats=1)
+        run_trace_overhead(engine, arrival_prompts()[:1], batch_sizes=(1,), repeats=1)
     engine.close()
 
 
@@ -593,7 +588,7 @@ def test_events_nobody_records_are_never_built(micro_target: Path, trained_head:
             return _orig(*a, **k)
 
         monkeypatch.setattr(cls, "of", counting)
-    engine = make_engine(micro_target, trained_head)
+    engine = make_engine(micro_target, trained_head, TRACE_CONFIG)
     try:
         with wb.trace(engine, events=["StepTiming"]) as rec:
             only_timing = drive(engine, make_spec("always"), rec)

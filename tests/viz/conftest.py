@@ -1,4 +1,4 @@
-"""A micro engine (target + briefly trained EAGLE-3 head) and its traces, shared by the viz
+"""A micro engine (target + the root trained EAGLE-3 head) and its traces, shared by the viz
 tests. Everything runs on the CPU in seconds."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import make_engine
 
 import workbench as wb
 from workbench.trace.tracer import RecordingTracer
@@ -18,23 +19,9 @@ PROMPTS = ("def fnmatch(name, pat):", "def S_ISDIR(mode):", "import os\n")
 
 
 @pytest.fixture(scope="session")
-def micro_head(micro_target: Path, tiny_corpus: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A head trained 60 steps with the training-time test (~2 s): drafts get accepted."""
-    from workbench.train.eagle3 import DraftTrainConfig, train_draft
-
-    root = tmp_path_factory.mktemp("viz_head")
-    train_draft(DraftTrainConfig(
-        target=str(micro_target), out=str(root / "head"), work=str(root / "work"),
-        corpus=str(tiny_corpus), draft_vocab_size=128, steps=60, batch=4, seq_len=48, lr=3e-3,
-        warmup=5, ttt_steps=5, regenerate=False, eval_batches=2, ckpt_every=30, threads=1))
-    return root / "head"
-
-
-@pytest.fixture(scope="session")
-def engine(micro_target: Path, micro_head: Path) -> Iterator[wb.Engine]:
-    e = wb.Engine.from_pretrained(micro_target, draft=micro_head,
-                                  config=wb.EngineConfig(kv_budget_tokens=4096))
+def engine(micro_target: Path, trained_head: Path) -> Iterator[wb.Engine]:
+    """The micro target with the root ``trained_head``: drafts get accepted."""
+    e = make_engine(micro_target, trained_head, kv_budget_tokens=4096)
     yield e
     e.close()
 
