@@ -1,5 +1,5 @@
 """CLI: generate | fetch-real-model | bench | serve | train-target | train-draft | make-prompts |
-demo | lab.
+distill | demo | lab.
 
 Options of the training commands are generated from their config dataclasses, so the CLI can
 never drift from the Python API. One import stays inside its command: ``serve`` needs the serve
@@ -25,6 +25,7 @@ from workbench.lab.cli import add_parser as add_lab
 from workbench.models.fetch import REAL_MODEL, fetch
 from workbench.train.corpus import split_corpus
 from workbench.train.eagle3 import DraftTrainConfig, train_draft
+from workbench.train.real_prompts import add_parser as add_distill
 from workbench.train.target import TargetTrainConfig, train_target
 
 
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--corpus", default="")
     mp.add_argument("--out", default="")
     mp.set_defaults(fn=cmd_make_prompts)
+    add_distill(sub)
 
     add_bench(sub)
 

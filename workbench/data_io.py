@@ -152,7 +152,7 @@ def load_prompt_records(path: str | Path, chat: bool = False) -> list[dict]:
             r = {**r, "prompt": msgs}
         elif "turns" in r:
             raise ConfigError(f"{where}: a multi-turn record needs its 'messages' "
-                              "(python -m workbench.train.real_prompts distill writes them)")
+                              "(python -m workbench distill answers writes them)")
         elif chat:
             r = {**r, "prompt": [{"role": "user", "content": r["prompt"]}]}
         out.append(r)

@@ -109,7 +109,7 @@ conversations; `d2t` / `t2d`), embedding shared with the target, weights in bflo
 
 ## Data: self-distillation on prompts the project writes
 
-`python -m workbench.train.real_prompts prompts` writes `data/prompts/real/train.jsonl` and
+`python -m workbench distill prompts` writes `data/prompts/real/train.jsonl` and
 `heldout.jsonl` (7 categories like Spec-Bench's: multi-turn chat, translation, summarisation,
 question answering, math reasoning, retrieval-style, code; passages from the Python standard
 library's docstrings, generated arithmetic problems, templated topics; a held-out prompt never

@@ -10,10 +10,13 @@ Held-out prompts are chosen by *source* (a topic, a docstring's object, a proble
 numbers drawn from a separate generator): a held-out prompt never shares its source with a train
 prompt, so neither its passage nor its topic was seen in training.
 
-    python -m workbench.train.real_prompts prompts   # data/prompts/real/{train,heldout}.jsonl
-    python -m workbench.train.real_prompts distill --model M   # data/work/real-distill/
-    python -m workbench.train.real_prompts self-distill --model M --conversations N  # more
-    python -m workbench.train.real_prompts pack   # data/work/real-distill/corpus.npz
+    python -m workbench distill prompts   # data/prompts/real/{train,heldout}.jsonl
+    python -m workbench distill answers --model M   # data/work/real-distill/
+    python -m workbench distill self --model M --conversations N  # more, self-prompted
+    python -m workbench distill pack   # data/work/real-distill/corpus.npz
+
+(``python -m workbench.train.real_prompts VERB`` runs the same verbs; ``distill`` and
+``self-distill`` are aliases of ``answers`` and ``self``.)
 """
 
 from __future__ import annotations
@@ -279,13 +282,14 @@ def write_prompts(out: Path = OUT_DIR, seed: int = 0) -> dict[str, dict[str, int
             for name, rows in (("train", train), ("heldout", held))}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench.train.real_prompts")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+def _add_verbs(sub: Any) -> None:
+    """The four verbs, on ``sub`` (the module's own parser or ``workbench distill``'s)."""
     p = sub.add_parser("prompts", help="write train/heldout prompt files")
     p.add_argument("--out", default=str(OUT_DIR))
     p.add_argument("--seed", type=int, default=0)
-    d = sub.add_parser("distill", help="the target answers the train (and held-out) prompts")
+    p.set_defaults(verb_fn=lambda ns: write_prompts(Path(ns.out), ns.seed))
+    d = sub.add_parser("answers", aliases=["distill"],
+                       help="the target answers the train (and held-out) prompts")
     d.add_argument("--model", required=True)
     d.add_argument("--prompts", default=str(OUT_DIR))
     d.add_argument("--out", default="data/work/real-distill")
@@ -293,8 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--max-new-tokens", type=int, default=192)
     d.add_argument("--second-turn-tokens", type=int, default=128)
     d.add_argument("--batch", type=int, default=64)
-    s = sub.add_parser("self-distill", help="the target writes user prompts per category "
-                       "(Magpie) and answers them, into the same conversations.jsonl")
+    d.set_defaults(verb_fn=lambda ns: distill(ns.model, Path(ns.prompts), Path(ns.out), ns.per_kind,
+                                         ns.max_new_tokens, ns.second_turn_tokens, ns.batch))
+    s = sub.add_parser("self", aliases=["self-distill"],
+                       help="the target writes user prompts per category (Magpie) and answers "
+                            "them, into the same conversations.jsonl")
     s.add_argument("--model", required=True)
     s.add_argument("--prompts", default=str(OUT_DIR), help="folder of heldout.jsonl (kept apart)")
     s.add_argument("--out", default="data/work/real-distill")
@@ -310,25 +317,32 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device", default="cpu", help="where the backend runs (cuda for a GPU)")
     s.add_argument("--time-limit", type=float, default=None,
                    help="seconds: no batch starts after them (the run stops short of the total)")
+    s.set_defaults(verb_fn=lambda ns: self_distill(
+        ns.model, Path(ns.prompts), Path(ns.out), ns.conversations, ns.max_new_tokens,
+        ns.prompt_tokens, ns.batch, ns.threads, ns.seed, ns.backend, ns.device, ns.time_limit))
     k = sub.add_parser("pack", help="conversations.jsonl -> corpus.npz for train-draft")
     k.add_argument("--out", default="data/work/real-distill")
-    ns = ap.parse_args(argv)
-    if ns.cmd == "pack":
-        print(json.dumps(pack(Path(ns.out))))
-        return 0
-    if ns.cmd == "prompts":
-        print(json.dumps(write_prompts(Path(ns.out), ns.seed)))
-        return 0
-    if ns.cmd == "self-distill":
-        print(json.dumps(self_distill(ns.model, Path(ns.prompts), Path(ns.out),
-                                      ns.conversations, ns.max_new_tokens, ns.prompt_tokens,
-                                      ns.batch, ns.threads, ns.seed, ns.backend,
-                                      ns.device, ns.time_limit)))
-        return 0
+    k.set_defaults(verb_fn=lambda ns: pack(Path(ns.out)))
 
-    print(json.dumps(distill(ns.model, Path(ns.prompts), Path(ns.out), ns.per_kind,
-                             ns.max_new_tokens, ns.second_turn_tokens, ns.batch)))
+
+def run(ns: argparse.Namespace) -> int:
+    """Run a parsed verb and print its summary as one JSON line."""
+    print(json.dumps(ns.verb_fn(ns)))
     return 0
+
+
+def add_parser(sub: Any) -> None:
+    """``python -m workbench distill {prompts,answers,self,pack}`` on the main CLI."""
+    g = sub.add_parser("distill", help="the real model's prompts, the target's answers to "
+                                       "them (self-distillation) and the packed corpus")
+    _add_verbs(g.add_subparsers(dest="verb", required=True))
+    g.set_defaults(fn=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.train.real_prompts")
+    _add_verbs(ap.add_subparsers(dest="cmd", required=True))
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

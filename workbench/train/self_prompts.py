@@ -13,7 +13,7 @@ A prompt is kept only if the target closed its turn (not cut by the token limit)
 least ``MIN_CHARS`` to its steer, it is not a duplicate, and it names none of the held-out
 prompts' sources (a topic or a standard-library name): the held-out set stays unseen.
 
-    python -m workbench.train.real_prompts self-distill --model M --conversations 3000
+    python -m workbench distill self --model M --conversations 3000
 """
 
 from __future__ import annotations
