@@ -49,6 +49,7 @@ CHECKED = (
     "models/llama.py",
     "models/eagle3.py",
     "models/gemm.py",
+    "models/quant.py",
     "models/rope.py",
     "models/mla.py",
     "models/moe.py",
@@ -80,6 +81,7 @@ OFF_STEP_PATH: dict[str, str] = {
     "engine/__init__.py": "re-exports",
     "engine/affinity.py": "host scheduling only (CPU affinity, /proc/stat): no tensors",
     "engine/autotune.py": "init stage: times host GEMMs on CPU weights",
+    "engine/weights_choice.py": "init stage: times host GEMMs on CPU weights (packed or not)",
     "engine/shape_choices.py": "init stage (autotune): times host GEMMs on CPU weights",
     "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
                             "times host GEMMs on CPU weights between steps",
@@ -89,6 +91,7 @@ OFF_STEP_PATH: dict[str, str] = {
     "models/__init__.py": "re-exports",
     "models/config.py": "config parsing",
     "models/loader.py": "init: builds modules on the meta device, then loads weights",
+    "models/ct_loader.py": "init: unpacks a compressed-tensors checkpoint's tensors on the host",
     "models/gguf.py": "init: reads a GGUF file and dequantises its tensors on the host; the "
                       "loader moves them",
     "models/fetch.py": "setup: downloads and unpacks the real model's files; no tensors",

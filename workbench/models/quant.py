@@ -161,8 +161,8 @@ class PackedWeight:
 def unpack_codes(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """The 0..15 codes (N, K) int32 of a packed weight (through the kernel itself: its
     product with the identity over unit scales, so no assumption about the layout)."""
-    eye = torch.eye(k, dtype=torch.bfloat16)
-    sz = torch.zeros(k // GROUP, n, 2, dtype=torch.bfloat16)
+    eye = torch.eye(k, dtype=torch.bfloat16, device=packed.device)
+    sz = torch.zeros(k // GROUP, n, 2, dtype=torch.bfloat16, device=packed.device)
     sz[:, :, 0] = 1
     sz[:, :, 1] = 8  # (q - 8)·1 + 8 = q
     return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, packed, GROUP, sz).t().round().int()
