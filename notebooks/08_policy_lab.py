@@ -43,6 +43,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 import workbench as wb
+from workbench.bench import sanity
 from workbench.bench.concurrency import run_concurrency
 from workbench.engine.calibrate import measure_tau
 from workbench.lab.arms import ArmInputs, make_policy, split_policies
@@ -58,6 +59,7 @@ from workbench.train.demo_models import demo_models
 from workbench.viz import figures as F
 from workbench.viz.figures.style import dress
 from workbench.viz import prose as P
+from workbench.viz.report import sanity_block
 
 models = demo_models(fast=FAST)
 engine = wb.Engine.from_pretrained(models.target, draft=models.draft,
@@ -176,14 +178,24 @@ real_arms = {"baseline": None}
 for name in ["never", *split_policies(POLICIES)]:
     real_arms[name] = dataclasses.replace(base, policy=make_policy(name, inputs))
 load_before = loadavg()
-measured = run_concurrency(engine, prompts, levels=REAL_LEVELS, arms=real_arms,
-                           max_new_tokens=MAX_NEW_TOKENS, repeats=REAL_REPEATS, progress=False)
+with sanity.LoadSampler() as real_load:
+    measured = run_concurrency(engine, prompts, levels=REAL_LEVELS, arms=real_arms,
+                               max_new_tokens=MAX_NEW_TOKENS, repeats=REAL_REPEATS,
+                               progress=False)
 load_after = loadavg()
+# the real run measures tok/s: the sanity checks of every speed page, with the engine's
+# provisional choices folded in
+real_flags = (sanity.sanity_flags(measured, load=real_load.as_dict())
+              + sanity.choice_flags(engine.choices))
 check = against(df[df.concurrency.isin(REAL_LEVELS)], measured)
 check = check[~check.policy.isin(["never", "oracle"])]
 sign = sign_test(check)
 check[["policy", "concurrency", "vs_never", "measured_vs_never", "measured_n", "ratio_error",
        "error_lo", "error_hi", "within_10pct"]].round(3)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sanity_block(real_flags, "the real run beside the replay")
 
 # %%
 # NBVAL_CHECK_OUTPUT
