@@ -9,6 +9,7 @@ import pytest
 
 from workbench.__main__ import build_parser
 from workbench.__main__ import main as workbench_main
+from workbench.errors import ConfigError
 from workbench.train import real_prompts
 
 
@@ -35,3 +36,16 @@ def test_prompts_written_by_both_entry_points_agree(tmp_path: Path,
     for name in ("train.jsonl", "heldout.jsonl"):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
     assert set(counts["heldout"]) == set(real_prompts.KINDS)
+
+
+def test_templates_are_data_and_a_bad_file_is_refused_naming_the_list(tmp_path: Path) -> None:
+    assert real_prompts.TEMPLATES_FILE.is_file()
+    assert real_prompts.TOPICS == real_prompts._templates()["topics"]
+    doc = json.loads(real_prompts.TEMPLATES_FILE.read_text())
+    doc["langs"] = ["French", 3]
+    bad = tmp_path / "templates.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="'langs' must be a non-empty list of strings"):
+        real_prompts._templates(bad)
+    with pytest.raises(ConfigError, match="no prompt templates"):
+        real_prompts._templates(tmp_path / "missing.json")

@@ -4,7 +4,8 @@ derived offline, and the target's own answers to them (self-distillation).
 Categories (``kind``): ``chat`` (multi-turn: a second user turn after the target's first
 answer), ``translation``, ``summarization``, ``qa``, ``math``, ``retrieval`` (answer from a given
 passage), ``code``. Passages come from the running interpreter's standard-library docstrings;
-math problems are generated; the rest are templates over handwritten topic lists.
+math problems are generated; the rest are templates over handwritten topic lists, kept as data
+in ``data/prompts/real/templates.json`` (``distill prompts`` prepares the prompt files from them).
 
 Held-out prompts are chosen by *source* (a topic, a docstring's object, a problem template's
 numbers drawn from a separate generator): a held-out prompt never shares its source with a train
@@ -33,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from workbench.data_io import PROMPTS_DIR
+from workbench.data_io import PROMPTS_DIR, load_json
 from workbench.errors import ConfigError
 from workbench.train.distill import distill, pack
 from workbench.train.self_prompts import self_distill
@@ -43,107 +44,39 @@ OUT_DIR = PROMPTS_DIR / "real"
 HELDOUT_SHARE = 0.15  # of the sources (a topic, passage or problem: across every category)
 HELDOUT_PER_KIND = 16
 
-TOPICS = (
-    "photosynthesis", "the water cycle", "black holes", "the French Revolution", "vaccines",
-    "inflation", "plate tectonics", "the immune system", "machine learning", "climate change",
-    "the Roman Empire", "electric cars", "the internet", "DNA", "volcanoes", "the Moon landing",
-    "renewable energy", "the stock market", "honey bees", "earthquakes", "the printing press",
-    "antibiotics", "the solar system", "gravity", "coral reefs", "the Great Wall of China",
-    "rainforests", "recycling", "the human heart", "blockchain", "the Olympic Games",
-    "democracy", "sleep", "coffee", "chess", "the piano", "bicycles", "tides", "rainbows",
-    "glaciers", "the Silk Road", "penguins", "the Renaissance", "nuclear power", "compilers",
-    "databases", "encryption", "the stomach", "memory in the brain", "deserts", "hurricanes",
-    "the speed of light", "atoms", "magnets", "batteries", "airplanes", "satellites",
-    "the Industrial Revolution", "ancient Egypt", "the metric system", "bread baking",
-    "composting", "jazz music", "public libraries", "mountains", "oceans", "whales",
-    "tea", "the calendar", "money", "maps", "the telephone", "photography", "robots",
-    "operating systems", "spreadsheets", "the human eye", "lightning", "snowflakes",
-    "dinosaurs", "evolution", "friction", "sound waves", "the periodic table", "fungi",
-    "solar panels", "wind turbines", "rivers", "bridges", "skyscrapers", "trains", "ships",
-    "the Amazon river", "Mount Everest", "the Sahara", "the Arctic", "volunteering",
-    "exercise", "nutrition", "meditation", "time management", "public speaking",
-)
-QA_TEMPLATES = (
-    "What is {t}? Explain briefly.", "Why is {t} important?", "How does {t} work?",
-    "Give three interesting facts about {t}.", "What are the main benefits of {t}?",
-    "Explain {t} to a ten-year-old.", "What is the history of {t} in a few sentences?",
-)
-CHAT_FIRST = (
-    "Can you tell me about {t}?", "I want to learn about {t}. Where should I start?",
-    "What do you think is the most surprising thing about {t}?",
-    "Write a short paragraph about {t}.",
-)
-CHAT_SECOND = (
-    "Can you make that shorter?", "Can you give me an example?", "Why is that?",
-    "Explain it more simply, please.", "What is a common misconception about it?",
-    "Can you summarize that in one sentence?", "What should I read next to learn more?",
-    "Turn that into a list of three points.",
-)
-SENTENCES = (
-    "The weather is beautiful today.", "I would like a cup of coffee, please.",
-    "Where is the nearest train station?", "My brother works at a hospital.",
-    "We are going to the beach this weekend.", "This book is very interesting.",
-    "Can you help me find my keys?", "The children are playing in the garden.",
-    "I have been learning to cook for two years.", "The museum opens at nine o'clock.",
-    "She bought a new bicycle yesterday.", "How much does this jacket cost?",
-    "The meeting has been moved to Thursday.", "Please close the window, it is cold.",
-    "Our team won the match last night.", "I forgot my umbrella at home.",
-    "The restaurant on the corner serves excellent soup.", "He reads the newspaper every morning.",
-    "The library is closed on Sundays.", "They moved to a small house near the river.",
-    "My favourite season is autumn.", "The train was late because of the snow.",
-    "Do you know a good doctor in this city?", "I need to buy bread and milk.",
-    "The concert was louder than I expected.", "We planted tomatoes in the spring.",
-    "The computer is not working again.", "Her grandmother tells wonderful stories.",
-    "The river flows through the old town.", "I will call you when I arrive.",
-    "The students are preparing for their exams.", "This road leads to the mountains.",
-    "The cat is sleeping on the sofa.", "We should leave early to avoid traffic.",
-    "The shop sells fresh fruit and vegetables.", "He has never seen the ocean.",
-    "The film starts in ten minutes.", "It is important to drink enough water.",
-    "The hotel room has a view of the sea.", "My phone battery is almost empty.",
-)
-LANGS = ("French", "Spanish", "German", "Italian", "Portuguese")
-CODE_TASKS = (
-    "checks whether a number is prime", "reverses a string", "counts the vowels in a string",
-    "returns the factorial of n", "returns the n-th Fibonacci number",
-    "checks whether a string is a palindrome", "finds the largest element of a list",
-    "removes duplicates from a list while keeping order", "merges two sorted lists",
-    "computes the greatest common divisor of two integers", "flattens a nested list",
-    "counts word frequencies in a text", "converts Celsius to Fahrenheit",
-    "returns the sum of the digits of an integer", "checks whether two strings are anagrams",
-    "sorts a list of dictionaries by a given key", "returns the second largest number in a list",
-    "implements binary search on a sorted list", "computes the average of a list of numbers",
-    "capitalizes the first letter of every word", "reads a text file and counts its lines",
-    "returns all even numbers from a list", "transposes a matrix given as a list of lists",
-    "checks whether a year is a leap year", "converts a decimal number to binary",
-    "finds the intersection of two lists", "returns the longest word in a sentence",
-    "computes the power set of a list", "implements bubble sort",
-    "validates an email address with a regular expression", "chunks a list into pieces of size n",
-    "returns the running total of a list", "counts the occurrences of each character",
-    "checks whether brackets in a string are balanced", "rotates a list by k positions",
-    "computes the median of a list", "finds the missing number in a list from 1 to n",
-    "returns the n smallest elements of a list", "implements a stack class with push and pop",
-    "implements a queue using two stacks", "computes the dot product of two vectors",
-    "generates all permutations of a string", "checks whether a number is a perfect square",
-    "converts a Roman numeral to an integer", "returns the most common element of a list",
-    "splits a sentence into words and sorts them alphabetically",
-    "computes the area of a circle from its radius", "returns the prime factors of an integer",
-)
-CODE_TEMPLATES = (
-    "Write a Python function that {t}.", "Write a Python function that {t}, with a docstring.",
-    "Show me a short Python function that {t}, and explain how it works.",
-    "How would you write a function in Python that {t}?",
-)
-MODULES = (
-    "json", "os.path", "re", "string", "textwrap", "collections", "itertools", "functools",
-    "random", "math", "statistics", "datetime", "calendar", "shutil", "glob", "fnmatch",
-    "heapq", "bisect", "copy", "pprint", "csv", "base64", "hashlib", "difflib", "html",
-    "urllib.parse", "zipfile", "tarfile", "gzip", "tempfile", "pathlib", "logging", "argparse",
-    "shlex", "struct", "operator", "inspect", "threading", "queue", "socket", "subprocess",
-    "decimal", "fractions", "uuid", "secrets", "unicodedata", "locale", "getpass", "platform",
-    "sched", "dataclasses", "enum", "contextlib", "abc", "io", "codecs", "configparser",
-    "ipaddress", "email.utils", "http.client", "sqlite3", "wave", "colorsys", "zlib", "time",
-    "types", "weakref", "typing", "warnings", "traceback", "timeit", "tokenize", "keyword",
-)
+# The templates and sources are data (data/prompts/real/templates.json); `distill prompts`
+# builds the train / held-out prompt files from them.
+TEMPLATES_FILE = OUT_DIR / "templates.json"
+TEMPLATE_KEYS = ("topics", "qa_templates", "chat_first", "chat_second", "sentences", "langs",
+                 "code_tasks", "code_templates", "modules")
+
+
+def _templates(path: Path = TEMPLATES_FILE) -> dict[str, tuple[str, ...]]:
+    """Each list of ``path`` as a tuple of strings; a missing list or a non-string entry is an
+    error naming it."""
+    if not path.is_file():
+        raise ConfigError(f"no prompt templates at {path} (data/prompts/real/templates.json "
+                          "ships with the repository)")
+    doc = load_json(path)
+    out = {}
+    for key in TEMPLATE_KEYS:
+        items = doc.get(key)
+        if not isinstance(items, list) or not items or not all(isinstance(x, str) for x in items):
+            raise ConfigError(f"{path}: {key!r} must be a non-empty list of strings")
+        out[key] = tuple(items)
+    return out
+
+
+_T = _templates()
+TOPICS = _T["topics"]
+QA_TEMPLATES = _T["qa_templates"]
+CHAT_FIRST = _T["chat_first"]
+CHAT_SECOND = _T["chat_second"]
+SENTENCES = _T["sentences"]
+LANGS = _T["langs"]
+CODE_TASKS = _T["code_tasks"]
+CODE_TEMPLATES = _T["code_templates"]
+MODULES = _T["modules"]
 
 
 def _held(source: str) -> bool:
