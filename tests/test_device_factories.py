@@ -59,6 +59,7 @@ CHECKED = (
     "attention/tree_draft.py",
     "attention/triton_backend.py",
     "attention/flashinfer_backend.py",
+    "attention/invariant.py",
     "speculative/tree.py",
     "speculative/verify.py",
     "speculative/drafter.py",
@@ -74,6 +75,7 @@ CHECKED = (
     "kernels/triton_greedy_accept.py",
     "kernels/triton_tree_attention.py",
     "kernels/triton_tree_sample.py",
+    "kernels/cpu_row_attention.py",
 )
 
 # Modules of the step-path packages that run only outside a step, each with why
@@ -82,6 +84,8 @@ OFF_STEP_PATH: dict[str, str] = {
     "engine/affinity.py": "host scheduling only (CPU affinity, /proc/stat): no tensors",
     "engine/autotune.py": "init stage: times host GEMMs on CPU weights",
     "engine/weights_choice.py": "init stage: times host GEMMs on CPU weights (packed or not)",
+    "engine/invariance.py": "init stage (autotune, batch_invariant): probes the CPU GEMMs' rows",
+    "kernels/cpu_build.py": "builds and loads the C kernels: no tensors",
     "engine/shape_choices.py": "init stage (autotune): times host GEMMs on CPU weights",
     "engine/contention.py": "CPU engines only (the monitor is never built on another device): "
                             "times host GEMMs on CPU weights between steps",

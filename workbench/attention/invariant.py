@@ -40,7 +40,7 @@ class RowInvariantAttention:
         self.k_pool, self.v_pool = k_pool, v_pool  # (L, S, Hkv, hd)
         self.h = num_heads
         self.device = k_pool.device
-        self.write_slots = torch.empty(0, dtype=torch.int64)
+        self.write_slots = torch.empty(0, dtype=torch.int64, device="cpu")
         self.rows: RowPlan | None = None
 
     def plan(self, write_slots: torch.Tensor, q_lens: list[int], kv_slots: list[torch.Tensor],

@@ -16,6 +16,7 @@ the choice is not made per M.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,15 @@ def decide_weights(runner: ModelRunner, cached: Mapping[str, Any] | None,
                         timings, time.perf_counter() - t0,
                         note=f"{note}; dequant runs gemm={dense_gemm}",
                         provisional=provisional, conditions=cond)
+    if choice.choice == "packed" and want == "auto" and runner.draft is not None \
+            and not runner.config.batch_invariant:
+        # packed GEMMs run bf16 activations: a speculating engine's verify rows then match its
+        # plain rows only under row-invariant numerics (engine/stages.self_check), so "auto"
+        # keeps the dequantised weights and says what the switch would buy
+        choice = dataclasses.replace(
+            choice, choice="dequant",
+            note=choice.note + "; packed measured faster, but with a draft its bf16 rows are "
+                               "lossless only with batch_invariant=True")
     if choice.choice == "packed" and target.gemm != "packed":
         target.fuse("packed")
     elif choice.choice == "dequant" and target.gemm == "packed":

@@ -71,7 +71,7 @@ def plan_rows(q_lens: list[int], kv_slots: list[torch.Tensor],
     the prefix, then the new tokens its mask row marks (ancestors and itself, parents before
     children, so in position order)."""
     slots = [s.to("cpu", torch.int64) for s in kv_slots]
-    flat = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
+    flat = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64, device="cpu")
     pre_off: list[int] = []
     pre_len: list[int] = []
     ext_parts: list[torch.Tensor] = []
@@ -95,10 +95,10 @@ def plan_rows(q_lens: list[int], kv_slots: list[torch.Tensor],
             for c in counts:
                 ext_off.append(ext_off[-1] + int(c))
         start += n
-    ext = torch.cat(ext_parts) if ext_parts else torch.empty(0, dtype=torch.int64)
-    return RowPlan(flat, torch.tensor(pre_off, dtype=torch.int64),
-                   torch.tensor(pre_len, dtype=torch.int64), ext,
-                   torch.tensor(ext_off, dtype=torch.int64))
+    ext = torch.cat(ext_parts) if ext_parts else torch.empty(0, dtype=torch.int64, device="cpu")
+    return RowPlan(flat, torch.tensor(pre_off, dtype=torch.int64, device="cpu"),
+                   torch.tensor(pre_len, dtype=torch.int64, device="cpu"), ext,
+                   torch.tensor(ext_off, dtype=torch.int64, device="cpu"))
 
 
 def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -124,7 +124,7 @@ def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if plan.pre_len.numel() != t:
         raise ValueError(f"row_attention: plan has {plan.pre_len.numel()} rows, q has {t}")
     qf = q.to(torch.float32).contiguous()
-    out = torch.empty(t, h, hdv, dtype=torch.float32)
+    out = torch.empty(t, h, hdv, dtype=torch.float32, device="cpu")
     keys = max(plan.max_keys, 1)
     key = (group, hkv, torch.get_num_threads())
     if key not in plan.cache:
@@ -135,7 +135,7 @@ def row_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         rows = int((blocks[1:] - blocks[:-1]).max()) if nb else 1
         pairs = -(-rows * group // 16) * 16  # (row, head) pairs of a block, padded to 16 lanes
         plan.cache[key] = (blocks, items, parts,
-                           torch.empty(parts, pairs * keys, dtype=torch.float32))
+                           torch.empty(parts, pairs * keys, dtype=torch.float32, device="cpu"))
     blocks, items, parts, scratch = plan.cache[key]
     f = _fn(k_pool.dtype)
     args = (qf.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), plan.slots.data_ptr(),
@@ -164,7 +164,7 @@ def _blocks(pre_off: torch.Tensor, cap: int) -> torch.Tensor:
             prev, run = off, 0
         run += 1
     starts.append(int(pre_off.numel()))
-    return torch.tensor(starts, dtype=torch.int64)
+    return torch.tensor(starts, dtype=torch.int64, device="cpu")
 
 
 def row_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -173,7 +173,7 @@ def row_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     float32 rounding, not bit for bit)."""
     t, h, hd = q.shape
     hkv = k_pool.shape[1]
-    out = torch.empty(t, h, v_pool.shape[-1], dtype=torch.float64)
+    out = torch.empty(t, h, v_pool.shape[-1], dtype=torch.float64, device="cpu")
     sc = scale if scale is not None else 1.0 / math.sqrt(hd)
     for r in range(t):
         a, n = int(plan.pre_off[r]), int(plan.pre_len[r])
