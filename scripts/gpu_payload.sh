@@ -6,11 +6,13 @@
 # device call carries, so it travels in pieces, one piece per call on the same warm machine (the
 # ignored folder .gpu_payload/ stays there between calls), and is joined and checked there.
 #
-#   scripts/gpu_payload.sh pack     # here: .gpu_payload/{whl/gguf-*.whl, tok/*, piece.00..02}
+#   scripts/gpu_payload.sh pack     # here: .gpu_payload/{whl/gguf-*.whl, tok/*, piece.00,01}
 #   scripts/gpu_payload.sh unpack   # there: wheels into /tmp/site (export PYTHONPATH=/tmp/site),
 #                                   # the pieces joined into the pointer's cache folder, sha256 checked
-# carry (one call each, on a warm machine): .gpu_payload/piece.00, .gpu_payload/piece.01, then
-# .gpu_payload/piece.02 + .gpu_payload/whl + .gpu_payload/tok with the command that unpacks.
+# carry (one call each, on one warm machine): .gpu_payload/piece.00 (48 MiB) with the
+# gpu_check.sh call, then .gpu_payload/piece.01 (45.8 MiB) + .gpu_payload/whl + .gpu_payload/tok
+# with the call that unpacks and runs gpu_real_pair.py. Each call's whole tree must stay under
+# 64 MiB: the tracked tree must be under ~14 MiB for this to fit (see /tmp/notes/issue-51.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -27,7 +29,7 @@ case "${1:-}" in
     rm -rf "$P" && mkdir -p "$P/whl" "$P/tok"
     "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$P/whl" "gguf==$GGUF_VERSION"
     cp "$CACHE"/tokenizer.json "$CACHE"/tokenizer_config.json "$CACHE"/chat_template.jinja "$P/tok/"
-    split -b 32M -d "$CACHE/$NAME" "$P/piece."
+    split -b 48M -d "$CACHE/$NAME" "$P/piece."
     ls -l "$P" "$P/whl" ;;
   unpack)
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

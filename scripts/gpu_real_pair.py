@@ -31,7 +31,7 @@ What the device machine must be given (its image has torch, Triton and transform
 FlashInfer): the ``gguf`` wheel (pure Python; the GGUF target does not load without it) and the
 GGUF file with its tokenizer, which the pointer ``data/models/smollm2-135m-instruct/gguf.json``
 looks for in ``~/.cache/workbench/smollm2-135m-instruct``. ``scripts/gpu_payload.sh pack`` puts
-them in the ignored folder ``.gpu_payload/`` (the GGUF in 32 MiB pieces: a call carries 64 MiB)
+them in the ignored folder ``.gpu_payload/`` (the GGUF in two 48 MiB pieces: a call carries 64 MiB)
 and ``scripts/gpu_payload.sh unpack`` installs them there; the head
 ``data/models/smollm2-eagle3`` is tracked and travels with the tree.
 """
