@@ -158,8 +158,8 @@ def _rows_check(eng: Engine, prompts: list[list[int]]) -> str:
     sp = SamplingParams(max_new_tokens=CHECK_TOKENS, ignore_eos=True)
     lp = LogprobParams(top_k=2)
     # packed weights (engine/weights_choice.py) run bf16 activations: reduced precision too
-    strict = eng.config.batch_invariant or eng.config.dtype in REDUCED or \
-        getattr(eng.runner.target, "gemm", "") == "packed"
+    packed = getattr(eng.runner.target, "gemm", "") == "packed"
+    strict = eng.config.batch_invariant or eng.config.dtype in REDUCED or packed
 
     def run(ps: list[list[int]], spec: SpecConfig | None) -> list[RequestOutput]:
         eng.set_spec(spec)
@@ -190,7 +190,7 @@ def _rows_check(eng: Engine, prompts: list[list[int]]) -> str:
                 raise RuntimeError(
                     f"self-check: {name} rows are not bit-identical to plain decoding "
                     f"(prompt {i}: logprobs differ by up to {d:.3g} in {eng.config.dtype}"
-                    f"{', packed weights' if strict and not eng.config.batch_invariant else ''})"
+                    f"{', packed weights' if packed else ''})"
                     + _hint(eng))
             worst = max(worst, d)
     shapes = ", ".join(CHECK_SHAPES)
