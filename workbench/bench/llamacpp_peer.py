@@ -3,8 +3,8 @@
 ``python -m workbench bench peers --peer llamacpp`` runs four arms interleaved per prompt, so
 every ratio comes from one stretch of the machine's life:
 
-* ``workbench``: the engine on ``--model`` (a GGUF dequantised to float32 by
-  ``workbench.models.gguf``), plain decoding;
+* ``workbench``: the engine on ``--model`` (the GGUF dequantised by ``workbench.models.gguf``,
+  or its Q4_0/Q4_1/Q8_0 codes run packed: ``--engine weights=packed``), plain decoding;
 * ``workbench eagle3``: the same with the ``--draft`` EAGLE-3 head at ``--spec`` (when there is
   one);
 * ``llama.cpp``: llama-cpp-python (``make llamacpp``: built from source, CPU) on the GGUF file
@@ -19,9 +19,9 @@ user turn, generation prompt added) and encoded with the workbench tokenizer, as
 chat endpoint does; every call prefills in full (llama.cpp's prefix reuse is reset). The
 outputs are compared token by token: ``first_divergence`` is the first position where an arm's
 greedy tokens leave the ``workbench`` arm's (None: the same for all ``max_new_tokens``).
-Quantised arithmetic (llama.cpp) against float32 on dequantised weights (ours) picks another
-argmax at near-ties, so llama.cpp diverging is a finding; the speculative arms must match their
-own plain arm (``same_as_plain``).
+Quantised arithmetic (llama.cpp: int8 activations) against ours (float32 or bf16 activations)
+picks another argmax at near-ties, so llama.cpp diverging is a finding; the speculative arms
+must match their own plain arm (``same_as_plain``).
 """
 
 from __future__ import annotations
@@ -282,16 +282,25 @@ def run_llamacpp_peers(engine: Engine, gguf: str | Path, prompts: list[str], *,
              "num_pred_tokens": num_pred_tokens, "tokenizer_agrees": tokenizer_agrees,
              "llamacpp_weight_bytes": info.get("model_size"),
              "workbench_weight_bytes": _weight_bytes(engine),
+             "workbench_weights": engine.choices.get("weights", {}).get("choice", "dequant"),
              "chat_template": bool(getattr(tok, "chat_template", None)),
              "divergence": _divergences(df, getattr(tok, "decode", None))}
     return df.drop(columns=["tokens_ids"]), summary, facts
 
 
 def _weight_bytes(engine: Engine) -> int | None:
-    """Bytes of the engine's target weights (every parameter once; tied ones once)."""
+    """Bytes of the engine's target weights as its GEMMs read them: the packed codes and scales
+    on packed weights (``models/quant.py``), else every parameter once (tied ones once)."""
     model = getattr(engine.runner, "target", None)
     if model is None or not hasattr(model, "parameters"):
         return None
+    if getattr(model, "gemm", "") == "packed":
+        total = 0
+        for w in [x for f in model._fast for x in (f.qkv, f.o, f.gate_up, f.down)] + \
+                [model._head]:
+            parts = (w.packed, w.scales_zeros) if hasattr(w, "packed") else (w,)
+            total += sum(t.numel() * t.element_size() for t in parts)
+        return total
     seen: set[int] = set()
     total = 0
     for p in model.parameters():
@@ -410,8 +419,10 @@ def bench_llamacpp(ns: argparse.Namespace) -> int:
          "bs=1, greedy (ratios measured side by side)", summary)
     print(f"llama.cpp build: {facts['system_info']}")
     mb = {k: (v or 0) / 1e6 for k, v in facts.items() if k.endswith("weight_bytes")}
+    read = "as its packed GEMMs read them" if facts.get("workbench_weights") == "packed" \
+        else "dequantised"
     print(f"weights: llama.cpp {mb['llamacpp_weight_bytes']:.1f} MB as stored in the GGUF "
-          f"(quantised blocks), workbench {mb['workbench_weight_bytes']:.1f} MB dequantised")
+          f"(quantised blocks), workbench {mb['workbench_weight_bytes']:.1f} MB {read}")
     for arm, d in facts["divergence"].items():
         if arm != WB:
             print(f"{arm}: {d['identical_prompts']}/{d['prompts']} prompts token-identical to "
