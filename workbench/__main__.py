@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "visible to every local user in the process list: prefer "
                         "--api-key-file or WORKBENCH_API_KEY")
     s.add_argument("--api-key-file", default=None, metavar="PATH",
-                   help="read the API key from this file (its first line)")
+                   help="read the API key from this file (its first line; a UTF-8 BOM and CR/LF "
+                        "are stripped; a file readable by group or others is refused: chmod 600)")
     s.add_argument("--incremental-streaming-output", action="store_true",
                    help="/generate streams send only what is new in each chunk (SGLang's flag)")
     s.add_argument("--latency-buckets", choices=["sglang", "fine"], default="sglang",
