@@ -35,14 +35,7 @@ LP = LogprobParams(top_k=3)
 def with_logprobs(engine: wb.Engine, ps: list[list[int]],
                   spec: wb.SpecConfig | None) -> list[wb.RequestOutput]:
     """Every prompt at once, each returning its logprobs (top 3 too)."""
-    engine.set_spec(spec)
-    try:
-        rids = [engine.add_request(p, SP, logprobs=LP) for p in ps]
-        while not all(engine.requests[r].finished for r in rids):
-            engine.step()
-        return [engine.output(r) for r in rids]
-    finally:
-        engine.set_spec(None)
+    return engine.generate(ps, SP, spec=spec, logprobs=LP)
 
 
 def test_every_shape_bit_for_bit(engine: wb.Engine) -> None:

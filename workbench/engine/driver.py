@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from workbench.config import SamplingParams, SpecConfig
-from workbench.core import RequestOutput
+from workbench.core import LogprobParams, RequestOutput
 from workbench.engine.prompts import Prompt, prompt_batch
 from workbench.engine.stops import hold_back, text_stops
 from workbench.errors import RequestError
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def generate(engine: Engine, prompts: Prompt | Sequence[Prompt],
              sampling: SamplingParams | Sequence[SamplingParams] | None,
-             spec: SpecConfig | None, progress: bool) -> list[RequestOutput]:
+             spec: SpecConfig | None, progress: bool,
+             logprobs: LogprobParams | None = None) -> list[RequestOutput]:
     engine.check_open()
     plist, sps = prompt_batch(prompts, sampling)  # all checked before anything is queued
     previous = engine.spec
@@ -29,7 +30,7 @@ def generate(engine: Engine, prompts: Prompt | Sequence[Prompt],
     rids: list[int] = []
     try:
         for p, s in zip(plist, sps, strict=True):
-            rids.append(engine.add_request(p, s))
+            rids.append(engine.add_request(p, s, logprobs=logprobs))
         bar = None
         if progress:
             from tqdm.auto import tqdm

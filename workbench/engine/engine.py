@@ -242,9 +242,11 @@ class Engine:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 spec: SpecConfig | None = None, progress: bool = False) -> list[RequestOutput]:
-        """Run prompts to completion (continuous batching) and return outputs in order."""
-        return driver.generate(self, prompts, sampling, spec, progress)
+                 spec: SpecConfig | None = None, progress: bool = False,
+                 logprobs: LogprobParams | None = None) -> list[RequestOutput]:
+        """Run prompts to completion (continuous batching) and return outputs in order;
+        ``logprobs``: every request also returns its log-probabilities."""
+        return driver.generate(self, prompts, sampling, spec, progress, logprobs)
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None,
                spec: SpecConfig | None = None) -> Iterator[str]:

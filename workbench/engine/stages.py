@@ -162,14 +162,7 @@ def _rows_check(eng: Engine, prompts: list[list[int]]) -> str:
     strict = eng.config.batch_invariant or eng.config.dtype in REDUCED or packed
 
     def run(ps: list[list[int]], spec: SpecConfig | None) -> list[RequestOutput]:
-        eng.set_spec(spec)
-        try:
-            rids = [eng.add_request(p, sp, logprobs=lp) for p in ps]
-            while not all(eng.requests[r].finished for r in rids):
-                eng.step()
-            return [eng.output(r) for r in rids]
-        finally:
-            eng.set_spec(None)
+        return eng.generate(ps, sp, spec=spec, logprobs=lp)
 
     ref = run(prompts, None)
     runs = {"plain bs=1": [run([p], None)[0] for p in prompts]}
